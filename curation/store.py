@@ -1,0 +1,249 @@
+"""The workdir's database: candidates, repositories, file skips, compile cache and runs.
+
+SQLite by default (one file beside the artifacts), any SQLAlchemy URL otherwise (Postgres for a
+shared curation server). Each write commits at once, so a killed run loses at most the one
+candidate it was working on, and rerunning the same command picks up from there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from miner.candidate import Candidate
+
+DB_NAME = "kminer.db"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RepoRow(Base):
+    __tablename__ = "repos"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    commit: Mapped[str] = mapped_column(String(80))
+    ref: Mapped[str] = mapped_column(String(512), default="")
+    kind: Mapped[str] = mapped_column(String(16), default="")
+    license: Mapped[str] = mapped_column(String(64), default="unknown")
+    license_file: Mapped[str] = mapped_column(String(512), default="")
+    root: Mapped[str] = mapped_column(String(2048), default="")
+    discovery: Mapped[dict] = mapped_column(JSON, default=dict)  # counts + extractor version
+    updated_at: Mapped[dt.datetime] = mapped_column(default=_now, onupdate=_now)
+
+
+class CandidateRow(Base):
+    __tablename__ = "candidates"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    repo_id: Mapped[int] = mapped_column(Integer, index=True)
+    file: Mapped[str] = mapped_column(String(1024))
+    line: Mapped[int] = mapped_column(Integer)
+    kernel: Mapped[str] = mapped_column(String(512), index=True)
+    data: Mapped[dict] = mapped_column(JSON)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=_now, onupdate=_now)
+
+
+class FileSkipRow(Base):
+    __tablename__ = "file_skips"
+    repo_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    path: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64))
+
+
+class CompileCacheRow(Base):
+    __tablename__ = "compile_cache"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    compiled_types: Mapped[list] = mapped_column(JSON, default=list)
+    text: Mapped[str] = mapped_column(Text, default="")
+    log: Mapped[str] = mapped_column(Text, default="")
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    command: Mapped[str] = mapped_column(Text, default="")
+    repo_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    timings: Mapped[dict] = mapped_column(JSON, default=dict)
+    counts: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+
+class Store:
+    """All persistence of a workdir; stages call these methods, never SQL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = create_engine(url, future=True)
+        if url.startswith("sqlite"):
+            _sqlite_pragmas(self.engine)
+        Base.metadata.create_all(self.engine)
+
+    @classmethod
+    def open(cls, workdir: Path, url: str | None = None) -> Store:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return cls(url or f"sqlite:///{(workdir / DB_NAME).resolve()}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # repositories ---------------------------------------------------------------------------
+    def upsert_repo(self, url: str, commit: str, **fields) -> int:
+        with Session(self.engine) as s:
+            row = s.scalars(
+                select(RepoRow).where(RepoRow.url == url, RepoRow.commit == commit)
+            ).first()
+            if row is None:
+                row = RepoRow(url=url, commit=commit)
+                s.add(row)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            s.commit()
+            return row.id
+
+    def repo(self, repo_id: int | None = None) -> RepoRow | None:
+        with Session(self.engine) as s:
+            q = select(RepoRow)
+            q = q.where(RepoRow.id == repo_id) if repo_id else q.order_by(RepoRow.updated_at.desc())
+            return s.scalars(q).first()
+
+    def set_discovery(self, repo_id: int, info: dict) -> None:
+        with Session(self.engine) as s:
+            row = s.get(RepoRow, repo_id)
+            row.discovery = info
+            s.commit()
+
+    def replace_file_skips(self, repo_id: int, skips: Iterable[tuple[str, str]]) -> None:
+        with Session(self.engine) as s:
+            s.query(FileSkipRow).filter(FileSkipRow.repo_id == repo_id).delete()
+            s.add_all(FileSkipRow(repo_id=repo_id, path=p, reason=r) for p, r in skips)
+            s.commit()
+
+    def file_skips(self, repo_id: int) -> list[tuple[str, str]]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(FileSkipRow).where(FileSkipRow.repo_id == repo_id))
+            return [(r.path, r.reason) for r in rows]
+
+    # candidates -----------------------------------------------------------------------------
+    def save(self, cands: Candidate | Iterable[Candidate], repo_id: int | None = None) -> None:
+        items = [cands] if isinstance(cands, Candidate) else list(cands)
+        with Session(self.engine) as s:
+            for c in items:
+                row = s.get(CandidateRow, c.id)
+                data = json.loads(c.model_dump_json())
+                if row is None:
+                    row = CandidateRow(
+                        id=c.id,
+                        repo_id=repo_id or 0,
+                        file=c.kernel.file,
+                        line=c.kernel.line,
+                        kernel=c.kernel.name,
+                        data=data,
+                    )
+                    s.add(row)
+                else:
+                    if repo_id:
+                        row.repo_id = repo_id
+                    row.file, row.line, row.kernel, row.data = (
+                        c.kernel.file,
+                        c.kernel.line,
+                        c.kernel.name,
+                        data,
+                    )
+            s.commit()
+
+    def candidates(self, repo_id: int | None = None) -> list[Candidate]:
+        return list(self.iter_candidates(repo_id))
+
+    def iter_candidates(self, repo_id: int | None = None) -> Iterator[Candidate]:
+        with Session(self.engine) as s:
+            q = select(CandidateRow).order_by(
+                CandidateRow.file, CandidateRow.line, CandidateRow.kernel
+            )
+            if repo_id is not None:
+                q = q.where(CandidateRow.repo_id == repo_id)
+            for row in s.scalars(q):
+                yield Candidate.model_validate(row.data)
+
+    def get(self, cand_id: str) -> Candidate | None:
+        with Session(self.engine) as s:
+            row = s.get(CandidateRow, cand_id)
+            return Candidate.model_validate(row.data) if row else None
+
+    # compile cache --------------------------------------------------------------------------
+    def cached_compile(self, key: str) -> CompileCacheRow | None:
+        with Session(self.engine) as s:
+            row = s.get(CompileCacheRow, key)
+            if row is not None:
+                s.expunge(row)
+            return row
+
+    def put_compile(self, key: str, **fields) -> None:
+        with Session(self.engine) as s:
+            row = s.get(CompileCacheRow, key) or CompileCacheRow(key=key)
+            for k, v in fields.items():
+                setattr(row, k, v)
+            s.merge(row)
+            s.commit()
+
+    # runs -----------------------------------------------------------------------------------
+    def start_run(self, command: str) -> int:
+        with Session(self.engine) as s:
+            row = RunRow(command=command)
+            s.add(row)
+            s.commit()
+            return row.id
+
+    def finish_run(
+        self, run_id: int, status: str, repo_id: int | None, timings: dict, counts: dict
+    ) -> None:
+        with Session(self.engine) as s:
+            row = s.get(RunRow, run_id)
+            row.status, row.repo_id, row.timings, row.counts = status, repo_id, timings, counts
+            row.finished_at = _now()
+            s.commit()
+
+    def last_run(self) -> RunRow | None:
+        with Session(self.engine) as s:
+            row = s.scalars(
+                select(RunRow).where(RunRow.finished_at.is_not(None)).order_by(RunRow.id.desc())
+            ).first()
+            if row is not None:
+                s.expunge(row)
+            return row

@@ -1,0 +1,192 @@
+"""The one record that flows through every stage: a `Candidate` per discovered kernel.
+
+Stages read a candidate, do their job, and write back their own `StageResult`; nothing else
+passes between them, so any stage can be rerun or resumed from the store alone. Every stop or
+failure names a `Reason` from a closed set, so the funnel and the review UI can count them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class Stage(StrEnum):
+    DISCOVER = "discover"
+    CLOSURE = "closure"
+    COMPILE = "compile"
+    WRAP = "wrap"
+    BUILD = "build"
+
+
+class Status(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class Reason(StrEnum):
+    """Why a stage did not end in plain `ok` (closed set: stats and UI group by it)."""
+
+    # discover (flags, the kernel is kept)
+    PARSE_FALLBACK = "parse_fallback"  # tree-sitter could not read it; a token scan did
+    NOT_LAUNCHED = "not_launched"  # defined but never launched or referenced in the repo
+    # closure
+    EXTRACT_FAILED = "extract_failed"  # the closure or the unit could not be built
+    # compile
+    COMPILE_ERROR = "compile_error"
+    MISSING_HEADER = "missing_header"  # a header that is not in the repo nor on this machine
+    COMPILE_TIMEOUT = "compile_timeout"
+    PARTIAL_INSTANTIATION = "partial_instantiation"  # some requested dtypes did not compile
+    UPSTREAM_FAILED = "upstream_failed"  # an earlier stage did not produce what this one needs
+    NO_COMPILER = "no_compiler"
+
+
+class FileSkip(StrEnum):
+    """Why a file of the repository was not mined (counted in the funnel)."""
+
+    NON_CUDA_BACKEND = "non_cuda_backend"  # .mu/.muh (MUSA), .mlu (Cambricon), .hip, ...
+    BACKEND_DIR = "backend_dir"  # a folder of another backend (musa/, mlu/, npu/, hip/, ...)
+    HIP_COPY = "hip_copy"  # a hipified twin such as foo_hip.cu
+    BINARY = "binary"
+    TOO_LARGE = "too_large"
+    SYMLINK_OUTSIDE = "symlink_outside"
+    UNREADABLE = "unreadable"
+    VCS_DIR = "vcs_dir"
+
+
+class StageResult(BaseModel):
+    status: Status
+    reason: Reason | None = None
+    detail: str = ""  # first error line, counts, etc.: one short line for humans
+    key: str = ""  # hash of the inputs that produced this result (resume / cache)
+    seconds: float = 0.0
+
+
+class Param(BaseModel):
+    type: str
+    name: str
+    text: str  # as written, e.g. "const T* __restrict__ input"
+
+
+class TemplateParam(BaseModel):
+    kind: str  # "type" | "value" | "template" | "pack"
+    name: str
+    type: str = ""  # for value parameters: int, bool, ReductionType, ...
+    default: str = ""
+    text: str = ""
+
+
+class LaunchSite(BaseModel):
+    file: str
+    line: int
+    kind: str  # "chevron" | "launch_api" | "address" | "macro" | "reference"
+    caller: str = ""  # enclosing function, when known
+    template_args: str = ""  # as written at the site, e.g. "scalar_t, 256"
+    config: str = ""  # the <<<...>>> arguments
+
+
+class Kernel(BaseModel):
+    name: str
+    namespace: str = ""  # "a::b" or ""
+    file: str  # relative to the repository root, posix
+    line: int  # line of the __global__ token (1-based)
+    start_line: int  # first line of the definition (template <...> included)
+    end_line: int
+    params: list[Param] = Field(default_factory=list)
+    template_params: list[TemplateParam] = Field(default_factory=list)
+    specialization: str = ""  # template arguments of an explicit specialization
+    qualifiers: list[str] = Field(default_factory=list)  # static, inline, __launch_bounds__(..)
+    source: str
+    from_macro: str = ""  # the macro whose expansion defines this kernel
+    parse_fallback: bool = False
+
+    @property
+    def templated(self) -> bool:
+        return bool(self.template_params) or bool(self.specialization)
+
+
+class Dep(BaseModel):
+    kind: str  # function | template | type | macro | variable | using | namespace_alias
+    name: str
+    file: str
+    line: int
+
+
+class Unit(BaseModel):
+    path: str = ""  # relative to the workdir
+    hash: str = ""
+    needs_torch: bool = False
+    instantiations: list[str] = Field(default_factory=list)  # dtypes the launch stub asks for
+    compiled_types: list[str] = Field(default_factory=list)
+    unresolved: list[str] = Field(default_factory=list)
+
+
+class Provenance(BaseModel):
+    repo_url: str
+    commit: str
+    license: str = "unknown"
+
+
+class Candidate(BaseModel):
+    id: str
+    provenance: Provenance
+    kernel: Kernel
+    launches: list[LaunchSite] = Field(default_factory=list)
+    closure: list[Dep] = Field(default_factory=list)
+    unit: Unit = Field(default_factory=Unit)
+    stages: dict[str, StageResult] = Field(default_factory=dict)
+
+    @property
+    def launched(self) -> bool:
+        return bool(self.launches)
+
+    def set_stage(self, stage: Stage, result: StageResult) -> None:
+        self.stages[stage.value] = result
+
+    def stage(self, stage: Stage) -> StageResult | None:
+        return self.stages.get(stage.value)
+
+    def summary(self) -> dict:
+        """The stable JSON face of a candidate (`kminer candidates --json`)."""
+        return {
+            "id": self.id,
+            "file": self.kernel.file,
+            "line": self.kernel.line,
+            "kernel": self.kernel.name,
+            "namespace": self.kernel.namespace,
+            "specialization": self.kernel.specialization,
+            "templated": self.kernel.templated,
+            "launched": self.launched,
+            "from_macro": self.kernel.from_macro,
+            "needs_torch": self.unit.needs_torch,
+            "unit": self.unit.path,
+            "stages": {
+                name: {
+                    "status": r.status.value,
+                    "reason": r.reason.value if r.reason else None,
+                    "detail": r.detail,
+                }
+                for name, r in self.stages.items()
+            },
+        }
+
+
+def candidate_id(repo_url: str, commit: str, kernel: Kernel) -> str:
+    """Stable over reruns: the same kernel at the same commit always gets the same id."""
+    signature = ",".join(p.type for p in kernel.params)
+    key = "|".join(
+        [
+            repo_url,
+            commit,
+            kernel.file,
+            kernel.namespace,
+            kernel.name,
+            kernel.specialization,
+            signature,
+            kernel.from_macro,
+        ]
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:16]

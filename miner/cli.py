@@ -1,0 +1,272 @@
+"""The `kminer` command line: one subcommand per job, one red line per user error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Mine CUDA kernels from a repository into standalone, tested dataset rows.",
+)
+err = Console(stderr=True)
+out = Console()
+
+WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", "-w", help="Run directory.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="SQLAlchemy URL instead of the workdir's SQLite file (e.g. postgresql://...)."
+    ),
+]
+
+
+def _default_workdir(repo: str) -> Path:
+    name = re.sub(r"\.git$", "", repo.rstrip("/").split("/")[-1].split(":")[-1]) or "repo"
+    return Path("runs") / re.sub(r"[^\w.-]", "_", name)
+
+
+def _setup_logging(workdir: Path) -> None:
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(workdir / "logs" / "kminer.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+class RichProgress:
+    """Live bars, one per stage, driven by the pipeline's Progress protocol."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress(
+            "[bold]{task.description:<9}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def start(self, stage: str, total: int) -> None:
+        self.tasks[stage] = self.bar.add_task(stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        self.bar.advance(self.tasks[stage], n)
+
+    def end(self, stage: str) -> None:
+        task = self.tasks.get(stage)
+        if task is not None:
+            self.bar.update(task, completed=self.bar.tasks[task].total)
+
+
+def _print_funnel(stats: dict) -> None:
+    table = Table(
+        title=f"kminer: {stats['repo']['url']} @ {stats['repo']['commit'][:12]}"
+        if stats.get("repo")
+        else "kminer"
+    )
+    table.add_column("stage")
+    table.add_column("count", justify="right")
+    table.add_column("notes")
+    skipped = sum(stats.get("files_skipped", {}).values())
+    table.add_row(
+        "files scanned",
+        str(stats.get("files_scanned", 0)),
+        f"{skipped} skipped: "
+        + ", ".join(f"{k} {v}" for k, v in stats.get("files_skipped", {}).items()),
+    )
+    table.add_row(
+        "kernels found",
+        str(stats["found"]),
+        f"{stats.get('templated', 0)} templated, {stats.get('not_launched', 0)} never "
+        f"launched, {stats.get('from_macro', 0)} from macros",
+    )
+    for stage in ("closure", "compile"):
+        if stage in stats:
+            st = stats[stage]
+            notes = ", ".join(f"{k} {v}" for k, v in st["reasons"].items())
+            table.add_row(
+                stage,
+                str(st["status"].get("ok", 0)),
+                " ".join(f"{k}={v}" for k, v in st["status"].items() if k != "ok")
+                + (f" ({notes})" if notes else ""),
+            )
+    if "compile" in stats:
+        table.add_row(
+            "unit compiles",
+            f"{stats['unit_compiles']}/{stats['found']}",
+            f"{stats['compile_rate']:.1%}, {stats['needs_torch']} need torch headers",
+        )
+    timings = (stats.get("last_run") or {}).get("timings_s", {})
+    if timings:
+        table.add_row("time (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    out.print(table)
+
+
+@app.command()
+def mine(
+    repo: Annotated[str | None, typer.Argument(help="URL, git dir or folder.")] = None,
+    workdir: WorkdirOpt = None,
+    ref: Annotated[str | None, typer.Option(help="Branch, tag or commit.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel compiles.")] = 0,
+    filter: Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")] = None,
+    stages: Annotated[
+        str, typer.Option(help="Comma-separated subset of discover,closure,compile.")
+    ] = "discover,closure,compile",
+    redo: Annotated[bool, typer.Option(help="Redo finished work.")] = False,
+    submodules: Annotated[bool, typer.Option(help="Also fetch submodules.")] = False,
+    max_file_kb: Annotated[int, typer.Option(help="Skip source files larger than this.")] = 2048,
+    compile_timeout: Annotated[float, typer.Option(help="Seconds per nvcc call.")] = 600.0,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Mine every CUDA kernel of REPO into standalone compile units."""
+    from miner.errors import KminerError
+    from miner.pipeline import MINE_STAGES, MineConfig, run_mine
+    from miner.stats import funnel
+
+    if repo is None:
+        raise _fail("missing REPO (a git URL, a git dir or a folder)", 2)
+    chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in MINE_STAGES]
+    if unknown:
+        raise _fail(f"unknown stage {unknown[0]!r}; choose from {', '.join(MINE_STAGES)}", 2)
+    workdir = workdir or _default_workdir(repo)
+    _setup_logging(workdir)
+    cfg = MineConfig(
+        repo=repo,
+        workdir=workdir,
+        ref=ref,
+        jobs=jobs or (os.cpu_count() or 2),
+        filter=filter,
+        stages=chosen,
+        redo=redo,
+        submodules=submodules,
+        db_url=db,
+        max_file_bytes=max_file_kb * 1024,
+        compile_timeout=compile_timeout,
+    )
+    try:
+        with RichProgress(err) as progress:
+            ctx = run_mine(cfg, progress)
+    except KminerError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail(
+            "interrupted; finished work is saved, rerun the same command to resume", 130
+        ) from None
+    except Exception as exc:  # a bug: one line here, the traceback in the log
+        logging.getLogger(__name__).exception("mine failed")
+        raise _fail(f"{type(exc).__name__}: {exc} (see {workdir}/logs/kminer.log)") from None
+    stats = funnel(ctx.store, ctx.repo_id)
+    if as_json:
+        out.print_json(json.dumps(stats))
+    else:
+        _print_funnel(stats)
+        if stats["found"] == 0:
+            out.print("0 kernels: no CUDA __global__ definitions in this repository.")
+
+
+def _open_store(workdir: Path | None, db: str | None):
+    from curation.store import DB_NAME, Store
+
+    if db:
+        return Store(db)
+    workdir = workdir or Path(".")
+    if not (workdir / DB_NAME).exists():
+        raise _fail(f"no kminer store in {workdir} (run `kminer mine` first)")
+    return Store.open(workdir)
+
+
+@app.command()
+def candidates(
+    workdir: WorkdirOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    filter: Annotated[str | None, typer.Option("--filter")] = None,
+) -> None:
+    """List the candidates (JSON Lines with --json)."""
+    from miner.candidate import Stage
+    from miner.stages import matches
+
+    store = _open_store(workdir, db)
+    repo = store.repo()
+    rows = [c for c in store.iter_candidates(repo.id if repo else None) if matches(c, filter)]
+    if as_json:
+        for c in rows:
+            sys.stdout.write(json.dumps(c.summary()) + "\n")
+        return
+    table = Table()
+    for col in ("id", "kernel", "file:line", "compile", "reason"):
+        table.add_column(col)
+    for c in rows:
+        r = c.stage(Stage.COMPILE)
+        table.add_row(
+            c.id,
+            c.kernel.name,
+            f"{c.kernel.file}:{c.kernel.line}",
+            r.status.value if r else "-",
+            (r.reason.value if r and r.reason else ""),
+        )
+    out.print(table)
+
+
+@app.command()
+def stats(
+    workdir: WorkdirOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    failures: Annotated[bool, typer.Option(help="Also list every failure.")] = False,
+) -> None:
+    """The funnel: found, skipped by reason, unit compiles, timings."""
+    from miner.stats import failures as list_failures
+    from miner.stats import funnel
+
+    store = _open_store(workdir, db)
+    data = funnel(store)
+    if failures:
+        data["failures"] = list_failures(store)
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        _print_funnel(data)
+        for f in data.get("failures", []):
+            out.print(
+                f"{f['stage']:8} {f['reason']:16} {f['file']} {f['kernel']}: {f['detail']}",
+                highlight=False,
+            )
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

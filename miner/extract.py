@@ -1,0 +1,109 @@
+"""From discovered kernels to standalone units: linearize, close over names, render.
+
+One `Extractor` serves a whole repository so that each translation unit is linearized once and
+shared by every kernel it holds (mmcv: 152 kernels in 57 files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miner.closure import Closure, compute_closure
+from miner.disambiguate import used_lines
+from miner.discover import Discovery, FoundKernel
+from miner.includes import IncludeResolver
+from miner.launches import include_graph, reachable
+from miner.linearize import Linearizer
+from miner.unit import RenderedUnit, render_unit
+
+TU_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
+
+
+@dataclass
+class Extracted:
+    closure: Closure
+    unit: RenderedUnit
+    pruned: int = 0  # same-named definitions libclang showed the kernel never reaches
+
+
+class Extractor:
+    def __init__(self, disc: Discovery) -> None:
+        self.disc = disc
+        self.resolver = IncludeResolver(list(disc.models))
+        self.linearizer = Linearizer(disc.models, self.resolver)
+        self.graph = include_graph(disc.models, self.resolver)
+        self._reach: dict[str, set[str]] = {}
+
+    def translation_unit(self, kernel: FoundKernel) -> str | None:
+        """The source file that compiles this header kernel: a launching TU if there is one."""
+        if kernel.file.endswith(TU_SUFFIXES):
+            return None
+        sites = self.disc.launches.get(id(kernel.kdef), [])
+        files = [s.file for s in sites if s.file.endswith(TU_SUFFIXES)]
+        files += sorted(f for f in self.graph if f.endswith(TU_SUFFIXES))
+        for f in dict.fromkeys(files):
+            if kernel.file in reachable(self.graph, f, self._reach):
+                return f
+        return None
+
+    def extract(self, kernel: FoundKernel, header: str) -> Extracted:
+        linear = self.linearizer.linear(kernel.file)
+        tu = self.translation_unit(kernel)
+        tu_linear = self.linearizer.linear(tu) if tu else None
+        item = kernel.kdef.item
+        closure = compute_closure(item, linear, tu_linear)
+        site_args = [
+            _split_args(s.template_args)
+            for s in self.disc.launches.get(id(kernel.kdef), [])
+            if s.template_args
+        ]
+        unit = render_unit(kernel.kdef, closure, self.disc.models, header, site_args)
+        unused = self.unused_definitions(kernel, closure, unit) if closure.ambiguous else set()
+        if not unused:
+            return Extracted(closure, unit)
+        closure = compute_closure(item, linear, tu_linear, frozenset(unused))
+        unit = render_unit(kernel.kdef, closure, self.disc.models, header, site_args)
+        return Extracted(closure, unit, len(unused))
+
+    def unused_definitions(
+        self, kernel: FoundKernel, closure: Closure, unit: RenderedUnit
+    ) -> set[int]:
+        """ids of same-named definitions the kernel provably never reaches (libclang)."""
+        if closure.needs_torch:
+            return set()
+        spans = dict(zip((id(e.item) for e in closure.entries), unit.spans, strict=True))
+        k_span = spans.get(id(kernel.kdef.item))
+        if k_span is None:
+            return set()
+        used = used_lines(unit.text, kernel.kdef.name, k_span)
+        if used is None:
+            return set()
+        unused: set[int] = set()
+        for name in closure.ambiguous:
+            defs = [
+                e
+                for e in closure.entries
+                if e.item.kind in ("function", "decl") and e.item.names[:1] == (name,)
+            ]
+            reached = [
+                e for e in defs if any(a <= ln <= b for ln in used for a, b in [spans[id(e.item)]])
+            ]
+            if reached and len(reached) < len(defs):
+                unused |= {id(e.item) for e in defs if e not in reached}
+        return unused
+
+
+def _split_args(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "<([":
+            depth += 1
+        elif ch in ">)]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]

@@ -1,0 +1,199 @@
+"""Where each kernel is launched: `k<<<...>>>`, `cudaLaunchKernel((void*)k, ...)`, `&k<...>`.
+
+A kernel that is never launched nor referenced is kept but flagged: it is still real code, yet
+no host path of the repository exercises it. Same-named kernels in different files are told
+apart by the include graph: a launch can only reach kernels its file can see.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import TYPE_CHECKING
+
+from miner.aliases import DEFINE_LINE
+from miner.candidate import LaunchSite
+from miner.filemodel import Cond, FileModel, Include
+from miner.includes import IncludeResolver
+from miner.macro_kernels import split_args
+
+if TYPE_CHECKING:
+    from miner.discover import Discovery
+
+_WORD = re.compile(r"\b[A-Za-z_]\w*\b")
+_LAUNCH_API = re.compile(
+    r"\b(cudaLaunch\w*|cudaFuncSetAttribute|cudaFuncGetAttributes|"
+    r"cudaOccupancy\w*|cuLaunch\w*|hipLaunch\w*)\s*\("
+)
+_ADDRESS = re.compile(
+    r"(?:&|\(\s*(?:const\s+)?void\s*\*\s*\)\s*&?|reinterpret_cast\s*<[^>]*>\s*\(\s*&?)\s*"
+    r"(?:[A-Za-z_]\w*\s*::\s*)*$"
+)
+_DIRECTIVE_LINE = re.compile(r"^[ \t]*#[ \t]*define\b")
+
+
+def include_graph(models: dict[str, FileModel], resolver: IncludeResolver) -> dict[str, set[str]]:
+    """file → files it includes directly (all #if branches)."""
+    graph: dict[str, set[str]] = {}
+    for rel, model in models.items():
+        out: set[str] = set()
+
+        def walk(events, rel=rel, out=out) -> None:
+            for ev in events:
+                if isinstance(ev, Include):
+                    target = resolver.resolve(rel, ev.path, ev.angle)
+                    if target:
+                        out.add(target)
+                elif isinstance(ev, Cond):
+                    for _, _, evs in ev.branches:
+                        walk(evs)
+
+        walk(model.events)
+        graph[rel] = out
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str, cache: dict[str, set[str]]) -> set[str]:
+    if start not in cache:
+        seen, stack = {start}, [start]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        cache[start] = seen
+    return cache[start]
+
+
+def _angle_end(code: str, j: int) -> int | None:
+    depth = 0
+    for k in range(j, min(len(code), j + 400)):
+        c = code[k]
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+        elif c in ";{}":
+            return None
+    return None
+
+
+def _classify(code: str, pos: int, end: int) -> tuple[str, str, str]:
+    """(kind, template args, launch config) of a kernel name occurrence at code[pos:end]."""
+    j = end
+    while j < len(code) and code[j] in " \t\r\n":
+        j += 1
+    targs = ""
+    if code.startswith("<", j) and not code.startswith("<<<", j):
+        close = _angle_end(code, j)
+        if close is not None:
+            targs = " ".join(code[j + 1 : close - 1].replace("\\\n", " ").split())
+            j = close
+            while j < len(code) and code[j] in " \t\r\n":
+                j += 1
+    if code.startswith("<<<", j):
+        stop = code.find(">>>", j)
+        config = " ".join(code[j + 3 : stop].split()) if stop > 0 else ""
+        return "chevron", targs, config
+    line_start = code.rfind("\n", 0, pos) + 1
+    if _DIRECTIVE_LINE.match(code[line_start:pos]) or _in_continued_define(code, line_start):
+        return "macro", targs, ""
+    stmt_start = max(code.rfind(c, 0, pos) for c in ";{}") + 1
+    if _LAUNCH_API.search(code[stmt_start:pos]):
+        return "launch_api", targs, ""
+    if _ADDRESS.search(code[max(0, pos - 80) : pos]):
+        return "address", targs, ""
+    return "reference", targs, ""
+
+
+def _in_continued_define(code: str, line_start: int) -> bool:
+    """True if the line is part of a multi-line #define (previous lines end with a backslash)."""
+    pos = line_start
+    while pos > 0:
+        prev_end = pos - 1
+        if prev_end <= 0 or code[prev_end - 1] != "\\":
+            return False
+        prev_start = code.rfind("\n", 0, prev_end) + 1
+        if _DIRECTIVE_LINE.match(code[prev_start:prev_end]):
+            return True
+        pos = prev_start
+    return False
+
+
+def find_launch_sites(disc: Discovery) -> dict[int, list[LaunchSite]]:
+    by_name: dict[str, list] = {}
+    for k in disc.kernels:
+        by_name.setdefault(k.kdef.name, []).append(k)
+    result: dict[int, list[LaunchSite]] = {id(k.kdef): [] for k in disc.kernels}
+    if not by_name:
+        return result
+    resolver = IncludeResolver(list(disc.models))
+    graph = include_graph(disc.models, resolver)
+    reach_cache: dict[str, set[str]] = {}
+    for rel, model in disc.models.items():
+        code = model.code
+        hits = [m for m in _WORD.finditer(code) if m.group(0) in by_name]
+        if not hits:
+            continue
+        own = [(k.start, k.end, k.name) for k in model.kernels]
+        own += model.excluded_spans
+        functions = sorted(
+            (it.start, it.end, it.names[0] if it.names else "")
+            for it in model.items
+            if it.kind in ("function", "kernel")
+        )
+        starts = [f[0] for f in functions]
+        for m in hits:
+            name, pos = m.group(0), m.start()
+            if any(s <= pos < e and n == name for s, e, n in own):
+                continue
+            kind, targs, config = _classify(code, pos, m.end())
+            i = bisect.bisect_right(starts, pos) - 1
+            caller = functions[i][2] if i >= 0 and functions[i][1] > pos else ""
+            if kind == "macro" and targs:
+                targs = _through_macro(model, pos, targs)
+            site = LaunchSite(
+                file=rel,
+                line=model.lines.line(pos),
+                kind=kind,
+                caller=caller,
+                template_args=targs,
+                config=config,
+            )
+            targets = by_name[name]
+            if len(targets) > 1:
+                seen = reachable(graph, rel, reach_cache)
+                visible = [k for k in targets if k.file in seen]
+                targets = visible or targets
+            for k in targets:
+                result[id(k.kdef)].append(site)
+    return result
+
+
+def _substitute(text: str, mapping: dict[str, str]) -> str:
+    return re.sub(r"[A-Za-z_]\w*", lambda w: mapping.get(w.group(0), w.group(0)), text)
+
+
+def _through_macro(model: FileModel, pos: int, targs: str) -> str:
+    """Template arguments written inside a launch macro, with the macro's parameters replaced
+    by the arguments of its first invocation in the same file (mmcv filtered_lrelu's CASE)."""
+    code = model.code
+    for m in DEFINE_LINE.finditer(code):
+        if not (m.start() <= pos < m.end()) or m.group("params") is None:
+            continue
+        params = [p.strip() for p in m.group("params")[1:-1].split(",")]
+        call = re.compile(rf"\b{re.escape(m.group('name'))}\s*\(")
+        for inv in call.finditer(code):
+            if any(d.start() <= inv.start() < d.end() for d in DEFINE_LINE.finditer(code)):
+                continue
+            depth, j = 0, inv.end() - 1
+            for j in range(inv.end() - 1, min(len(code), inv.end() + 4000)):
+                depth += (code[j] == "(") - (code[j] == ")")
+                if depth == 0:
+                    break
+            args = split_args(code[inv.end() : j])
+            return " ".join(_substitute(targs, dict(zip(params, args, strict=False))).split())
+        break
+    return targs

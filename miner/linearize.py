@@ -1,0 +1,138 @@
+"""Simulate the preprocessor over a translation unit: which items are active, in which order.
+
+Starting at one file we follow `#include`s through the repository, keep a macro environment,
+and evaluate `#if` chains with it. The result is the unit's items in the order the compiler sees
+them, each with the `#if` guards that stayed undecided (`__CUDA_ARCH__`). Only this list is ever
+searched for names, so a helper from a header the kernel never includes cannot leak in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from miner.cpp_expr import UNKNOWN, MacroEnv, cuda_env, evaluate
+from miner.filemodel import Cond, Define, FileModel, Include, Item, PragmaOnce, Undef
+from miner.includes import IncludeResolver
+
+
+@dataclass(frozen=True)
+class Entry:
+    item: Item
+    guards: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExternalInclude:
+    header: str
+    angle: bool
+    guards: tuple[str, ...]
+    from_file: str
+
+
+@dataclass
+class Linear:
+    root: str
+    entries: list[Entry] = field(default_factory=list)
+    externals: list[ExternalInclude] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # include closure, in first-visit order
+    include_offsets: dict[str, int] = field(default_factory=dict)  # file → entries before it
+
+
+class Linearizer:
+    def __init__(
+        self,
+        models: dict[str, FileModel],
+        resolver: IncludeResolver,
+        env: MacroEnv | None = None,
+        undefined: set[str] | None = None,
+    ) -> None:
+        self.models = models
+        self.resolver = resolver
+        self.base_env = env or cuda_env()
+        self.undefined = undefined or set()
+        self._cache: dict[str, Linear] = {}
+
+    def linear(self, root: str) -> Linear:
+        if root not in self._cache:
+            self._cache[root] = _Run(self, root).result
+        return self._cache[root]
+
+
+class _Run:
+    def __init__(self, owner: Linearizer, root: str) -> None:
+        self.o = owner
+        self.env = owner.base_env.copy()
+        self.uncertain: set[str] = set()
+        self.once: set[str] = set()
+        self.stack: list[str] = []
+        self.result = Linear(root)
+        self.visit_file(root, ())
+
+    def visit_file(self, rel: str, guards: tuple[str, ...]) -> None:
+        model = self.o.models.get(rel)
+        if model is None or rel in self.once or rel in self.stack or len(self.stack) > 64:
+            return
+        if rel not in self.result.include_offsets:
+            self.result.include_offsets[rel] = len(self.result.entries)
+            self.result.files.append(rel)
+        self.stack.append(rel)
+        self.visit(model.events, rel, guards)
+        self.stack.pop()
+
+    def visit(self, events: list, rel: str, guards: tuple[str, ...]) -> None:
+        for ev in events:
+            if isinstance(ev, Item):
+                self.result.entries.append(Entry(ev, guards))
+            elif isinstance(ev, Define):
+                if ev.name not in self.o.undefined:
+                    self.env.define(ev.name, ev.params, ev.body)
+                    if guards and ev.body.strip():  # include guards stay certain
+                        self.uncertain.add(ev.name)
+                self.result.entries.append(Entry(ev.item, guards))
+            elif isinstance(ev, Undef):
+                self.env.undef(ev.name)
+            elif isinstance(ev, Include):
+                target = self.o.resolver.resolve(rel, ev.path, ev.angle)
+                if target is None:
+                    self.result.externals.append(ExternalInclude(ev.path, ev.angle, guards, rel))
+                else:
+                    self.visit_file(target, guards)
+            elif isinstance(ev, PragmaOnce):
+                self.once.add(rel)
+            elif isinstance(ev, Cond):
+                self.conditional(ev, rel, guards)
+
+    def conditional(self, cond: Cond, rel: str, guards: tuple[str, ...]) -> None:
+        pending: list[str] = []  # undecided earlier branches, negated for later ones
+        for directive, text, events in cond.branches:
+            expr = _as_expression(directive, text)
+            value = 1 if directive == "else" else self.value(expr)
+            negations = tuple(f"!({p})" for p in pending)
+            if value is UNKNOWN:
+                self.visit(events, rel, (*guards, *negations, expr))
+                pending.append(expr)
+            elif value:
+                self.visit(events, rel, (*guards, *negations))
+                return
+
+    def value(self, expr: str):
+        if self.uncertain and self.uncertain & set(_WORD.findall(expr)):
+            return UNKNOWN  # a macro defined under an undecided guard decides nothing
+        return evaluate(expr, self.env)
+
+
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def _as_expression(directive: str, text: str) -> str:
+    text = " ".join(text.replace("\\\n", " ").split())
+    if directive == "ifdef":
+        return f"defined({text})"
+    if directive == "ifndef":
+        return f"!defined({text})"
+    if directive == "elifdef":
+        return f"defined({text})"
+    if directive == "elifndef":
+        return f"!defined({text})"
+    return text

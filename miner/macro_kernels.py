@@ -1,0 +1,116 @@
+"""Kernels written inside a function-like macro and stamped out by its invocations.
+
+`#define DEFINE_FILL(NAME, T) __global__ void NAME(T* x) {...}` defines no kernel by itself;
+each `DEFINE_FILL(fill_f32, float)` does. We expand such invocations (parameters, `#` and `##`)
+so each stamped kernel becomes a candidate whose source is the expanded text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from miner.aliases import DEFINE_LINE
+
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+@dataclass
+class KernelMacro:
+    name: str
+    params: list[str]
+    body: str  # continuation lines joined with newlines
+    file: str
+    start: int
+    end: int
+
+
+@dataclass
+class Expansion:
+    macro: KernelMacro
+    file: str  # where the invocation is
+    start: int  # invocation span in that file (original offsets)
+    end: int
+    text: str  # the expanded source
+
+
+def find_kernel_macros(rel: str, code: str, text: str, global_words: set[str]) -> list[KernelMacro]:
+    found = []
+    if "define" not in code:
+        return found
+    for m in DEFINE_LINE.finditer(code):
+        if m.group("params") is None:
+            continue
+        body_code = m.group("body")
+        if not any(re.search(rf"\b{w}\b", body_code) for w in global_words):
+            continue
+        params = [p.strip() for p in m.group("params")[1:-1].split(",") if p.strip()]
+        body = text[m.start("body") : m.end("body")].replace("\\\n", "\n")
+        found.append(KernelMacro(m.group("name"), params, body, rel, m.start(), m.end()))
+    return found
+
+
+def split_args(text: str) -> list[str]:
+    args, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    args.append("".join(cur).strip())
+    return args
+
+
+def expand(macro: KernelMacro, args: list[str]) -> str:
+    """Substitute arguments the way the preprocessor does for one level (#, ##, __VA_ARGS__)."""
+    params = list(macro.params)
+    mapping: dict[str, str] = {}
+    for i, p in enumerate(params):
+        if p == "..." or p.endswith("..."):
+            key = "__VA_ARGS__" if p == "..." else p[:-3]
+            mapping[key] = ", ".join(args[i:])
+            break
+        mapping[p] = args[i] if i < len(args) else ""
+    body = macro.body
+    body = re.sub(
+        r"(?<!#)#\s*([A-Za-z_]\w*)",
+        lambda m: '"' + mapping[m.group(1)] + '"' if m.group(1) in mapping else m.group(0),
+        body,
+    )
+    body = _IDENT.sub(lambda m: mapping.get(m.group(0), m.group(0)), body)
+    return re.sub(r"[ \t]*##[ \t]*", "", body)
+
+
+def find_invocations(
+    rel: str, code: str, text: str, macros: dict[str, KernelMacro]
+) -> list[Expansion]:
+    """Invocations of kernel macros outside `#define` lines."""
+    out: list[Expansion] = []
+    if not macros:
+        return out
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, macros)) + r")\s*\(")
+    define_spans = [(m.start(), m.end()) for m in DEFINE_LINE.finditer(code)]
+    for m in pattern.finditer(code):
+        if any(s <= m.start() < e for s, e in define_spans):
+            continue
+        open_paren = m.end() - 1
+        depth, close = 0, None
+        for j in range(open_paren, min(len(code), open_paren + 20000)):
+            if code[j] == "(":
+                depth += 1
+            elif code[j] == ")":
+                depth -= 1
+                if depth == 0:
+                    close = j
+                    break
+        if close is None:
+            continue
+        macro = macros[m.group(1)]
+        args = split_args(text[open_paren + 1 : close])
+        out.append(Expansion(macro, rel, m.start(), close + 1, expand(macro, args)))
+    return out

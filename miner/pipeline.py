@@ -1,0 +1,170 @@
+"""`kminer mine`: clone → discover → closure → compile, resumable at every step.
+
+Discovery and closure are cheap (seconds for mmcv) and deterministic, so a rerun on the same
+commit with the same extractor skips them and only looks for compile work left undone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from miner.candidate import Candidate, Stage, Status
+from miner.clone import RepoSource, fetch_repo
+
+log = logging.getLogger(__name__)
+
+MINE_STAGES = ("discover", "closure", "compile")
+_EXTRACTOR_MODULES = (
+    "aliases",
+    "closure",
+    "cpp_expr",
+    "discover",
+    "extract",
+    "filemodel",
+    "includes",
+    "launches",
+    "linearize",
+    "macro_kernels",
+    "sources",
+    "textprep",
+    "unit",
+    "stages",
+)
+
+
+def extractor_version() -> str:
+    """Hash of the extraction code: a new kminer re-extracts, an unchanged one does not."""
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in _EXTRACTOR_MODULES:
+        h.update((here / f"{name}.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+class Progress(Protocol):
+    def start(self, stage: str, total: int) -> None: ...
+    def advance(self, stage: str, n: int = 1) -> None: ...
+    def end(self, stage: str) -> None: ...
+
+
+class NullProgress:
+    def start(self, stage: str, total: int) -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        pass
+
+    def end(self, stage: str) -> None:
+        pass
+
+
+@dataclass
+class MineConfig:
+    repo: str
+    workdir: Path
+    ref: str | None = None
+    jobs: int = 2
+    filter: str | None = None
+    stages: tuple[str, ...] = MINE_STAGES
+    redo: bool = False
+    submodules: bool = False
+    db_url: str | None = None
+    max_file_bytes: int = 2 * 1024 * 1024
+    compile_timeout: float = 600.0
+
+
+@dataclass
+class RunContext:
+    cfg: MineConfig
+    store: object
+    workdir: Path
+    progress: Progress
+    src: RepoSource | None = None
+    repo_id: int = 0
+    discovery: object = None
+    discovery_info: dict = field(default_factory=dict)
+    found: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = round(time.perf_counter() - start, 3)
+
+
+def _up_to_date(ctx: RunContext, cands: list[Candidate], version: str) -> bool:
+    repo = ctx.store.repo(ctx.repo_id)
+    if ctx.cfg.redo or not cands or (repo.discovery or {}).get("extractor") != version:
+        return False
+    for c in cands:
+        closure = c.stage(Stage.CLOSURE)
+        if (
+            closure is None
+            or closure.status != Status.OK
+            or not (ctx.workdir / c.unit.path).exists()
+        ):
+            return False
+    return True
+
+
+def run_mine(cfg: MineConfig, progress: Progress | None = None, store=None) -> RunContext:
+    from curation.store import Store
+    from miner.stages import run_closure, run_compile, run_discover
+
+    workdir = cfg.workdir.resolve()
+    store = store or Store.open(workdir, cfg.db_url)
+    ctx = RunContext(cfg, store, workdir, progress or NullProgress())
+    run_id = store.start_run(f"mine {cfg.repo}")
+    status = "failed"
+    try:
+        with ctx.timed("clone"):
+            ctx.src = fetch_repo(cfg.repo, workdir, ref=cfg.ref, submodules=cfg.submodules)
+        src = ctx.src
+        ctx.repo_id = store.upsert_repo(
+            src.url,
+            src.commit,
+            ref=src.ref,
+            kind=src.kind,
+            license=src.license,
+            license_file=src.license_file,
+            root=str(src.root),
+        )
+        version = extractor_version()
+        cands = store.candidates(ctx.repo_id)
+        if _up_to_date(ctx, cands, version) and "discover" in cfg.stages:
+            log.info("discovery and closure are up to date for %s@%s", src.url, src.commit)
+            ctx.discovery_info = store.repo(ctx.repo_id).discovery.get("info", {})
+            ctx.counters["reused_discovery"] = 1
+        elif "discover" in cfg.stages:
+            with ctx.timed("discover"):
+                cands = run_discover(ctx)
+            if "closure" in cfg.stages:
+                with ctx.timed("closure"):
+                    run_closure(ctx, cands)
+            info = {
+                "extractor": version if "closure" in cfg.stages else "",
+                "info": ctx.discovery_info,
+            }
+            store.set_discovery(ctx.repo_id, info)
+            cands = store.candidates(ctx.repo_id)
+        if "compile" in cfg.stages:
+            with ctx.timed("compile"):
+                run_compile(ctx, cands)
+        status = "ok"
+        return ctx
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        store.finish_run(run_id, status, ctx.repo_id or None, ctx.timings, ctx.counters)

@@ -1,0 +1,3 @@
+// kminer shim: THC was removed from torch; its atomics live in ATen now.
+#pragma once
+#include <ATen/cuda/Atomic.cuh>

@@ -1,0 +1,135 @@
+"""Text views of a source file that keep byte offsets, so every later answer points into the file.
+
+Sources are decoded as latin-1: one character per byte, so string offsets equal byte offsets
+and the original bytes (valid UTF-8 or not) come back unchanged with `.encode("latin-1")`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+
+_LEXEMES = re.compile(
+    r"""
+      (?P<line_comment>//(?:[^\n\\]|\\.|\\\n)*)
+    | (?P<block_comment>/\*.*?(?:\*/|\Z))
+    | (?P<raw>\bR"(?P<delim>[^()\\\s"]{0,16})\(.*?\)(?P=delim)")
+    | (?P<number>\b\d[\w']*(?:\.[\w']*)?)
+    | (?P<string>"(?:[^"\\\n]|\\.|\\\n)*")
+    | (?P<char>'(?:[^'\\\n]|\\.){1,8}')
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_NOT_NEWLINE = re.compile(r"[^\n]")
+
+
+def decode(data: bytes) -> str:
+    return data.decode("latin-1")
+
+
+def encode(text: str) -> bytes:
+    return text.encode("latin-1")
+
+
+def readable(text: str) -> str:
+    """Turn a latin-1 view back into proper text for humans and datasets."""
+    return encode(text).decode("utf-8", errors="replace")
+
+
+def blank_comments_and_strings(text: str) -> str:
+    """Comments become spaces and literals lose their contents; newlines and length stay."""
+
+    def repl(m: re.Match) -> str:
+        kind = m.lastgroup
+        s = m.group(0)
+        if kind == "number":
+            return s
+        if kind in ("line_comment", "block_comment"):
+            return _NOT_NEWLINE.sub(" ", s)
+        # keep the quotes so the code still reads as a literal
+        if kind == "raw" or kind == "delim":
+            return 'R"' + _NOT_NEWLINE.sub(" ", s[2:-1]) + '"'
+        return s[0] + _NOT_NEWLINE.sub(" ", s[1:-1]) + s[-1]
+
+    return _LEXEMES.sub(repl, text)
+
+
+_PP_LINE = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b.*$", re.MULTILINE)
+
+
+def first_branch_view(code: str) -> str:
+    """Blank every #elif/#else branch, keeping only the first branch of each conditional:
+    braces then balance the way they do for a compiler that takes one path."""
+    out = list(code)
+    depth_skipping: list[bool] = []  # per open conditional: are we in a later branch?
+    pos = 0
+    for m in _PP_LINE.finditer(code):
+        if any(depth_skipping):
+            for i in range(pos, m.start()):
+                if out[i] != "\n":
+                    out[i] = " "
+        kind = m.group(1)
+        if kind in ("if", "ifdef", "ifndef"):
+            depth_skipping.append(False)
+        elif kind in ("elif", "else") and depth_skipping:
+            depth_skipping[-1] = True
+        elif kind == "endif" and depth_skipping:
+            depth_skipping.pop()
+        pos = m.end()
+    return "".join(out)
+
+
+class LineIndex:
+    """Offset → line in O(log n), built once per file."""
+
+    def __init__(self, text: str) -> None:
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def line(self, offset: int) -> int:
+        return bisect.bisect_right(self.starts, offset)
+
+
+@dataclass
+class Rewrite:
+    """Replacements on a text, with a map from offsets in the new text back to the old one."""
+
+    text: str
+    edits: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, new)
+
+    def apply(self) -> RewrittenText:
+        parts: list[str] = []
+        spans: list[tuple[int, int, int, int]] = []  # (new_start, new_end, old_start, old_end)
+        pos = out_len = 0
+        for start, end, new in sorted(self.edits):
+            if start < pos:  # overlapping edit: the first one wins
+                continue
+            parts.append(self.text[pos:start])
+            out_len += start - pos
+            spans.append((out_len, out_len + len(new), start, end))
+            parts.append(new)
+            out_len += len(new)
+            pos = end
+        parts.append(self.text[pos:])
+        return RewrittenText("".join(parts), spans)
+
+
+@dataclass
+class RewrittenText:
+    text: str
+    spans: list[tuple[int, int, int, int]]
+
+    def __post_init__(self) -> None:
+        self._new_starts = [s[0] for s in self.spans]
+
+    def to_original(self, offset: int) -> int:
+        i = bisect.bisect_right(self._new_starts, offset) - 1
+        if i < 0:
+            return offset
+        new_start, new_end, old_start, old_end = self.spans[i]
+        if offset < new_end:
+            return old_start if offset == new_start else old_end
+        return old_end + (offset - new_end)
+
+
+IDENT = re.compile(r"(?<![\w.])(?<!->)(?<!\.\s)[A-Za-z_]\w*")

@@ -1,0 +1,264 @@
+"""Write the standalone `.cu` of one kernel: includes, its closure in compiler order, the kernel,
+and for a template a host stub that launches it for concrete types.
+
+The stub launches rather than explicitly instantiates: `template __global__ void k<float>(...)`
+makes cudafe++ instantiate the body in the host pass, which fails on helpers defined only under
+`__CUDA_ARCH__`; a `<<<>>>` launch instantiates it the way the repository's own launcher does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from miner.closure import Closure
+from miner.filemodel import FileModel, KernelDef
+from miner.includes import exists_on_system, is_torch_header
+from miner.linearize import Entry
+
+PRELUDE = ("cuda_runtime.h", "cuda_fp16.h", "cfloat", "cstdint", "cassert", "cmath", "cstdio")
+TORCH_PRELUDE = (
+    "c10/util/Half.h",
+    "c10/util/BFloat16.h",
+    "c10/macros/Macros.h",
+    "ATen/core/TensorAccessor.h",
+    "ATen/cuda/Atomic.cuh",
+)
+DTYPES = ("float", "double", "half")
+INST_BEGIN = "// kminer-inst-begin "
+INST_END = "// kminer-inst-end "
+_BUILTIN_TYPES = frozenset(
+    """
+int unsigned long short char bool float double int8_t int16_t int32_t int64_t uint8_t
+uint16_t uint32_t uint64_t size_t
+""".split()
+)
+_INDEX_NAME = re.compile(
+    r"^(?:index|idx|int|integer|i)(?:_?t(?:ype)?)?$|^(?:index|idx)\w*$", re.IGNORECASE
+)
+
+
+@dataclass
+class RenderedUnit:
+    text: str
+    hash: str
+    needs_torch: bool
+    instantiations: list[str]
+    spans: list[tuple[int, int]]  # per closure entry: first and last line in `text`
+
+
+def half_type(needs_torch: bool) -> str:
+    return "at::Half" if needs_torch else "__half"
+
+
+def render_unit(
+    kdef: KernelDef,
+    closure: Closure,
+    models: dict[str, FileModel],
+    header: str,
+    site_args: list[list[str]],
+    dtypes: tuple[str, ...] = DTYPES,
+) -> RenderedUnit:
+    """The unit's text. `site_args` holds the template arguments written at each launch."""
+    out = [f"// {line}" for line in header.splitlines()]
+    out += [f"#include <{h}>" for h in PRELUDE]
+    if closure.needs_torch:
+        out += [f"#include <{h}>" for h in TORCH_PRELUDE]
+        out.append("namespace torch { using namespace at; }  // as <torch/types.h> has it")
+        if "acc_type" in closure.torch_names:
+            out.append("#include <ATen/AccumulateType.h>")
+    out += _externals(closure)
+    out.append("")
+    spans: list[tuple[int, int]] = []
+    out += _body(closure.entries, models, len(out), spans)
+    instantiations: list[str] = []
+    if kdef.template_params and not kdef.specialization:
+        stub, instantiations = launch_stub(kdef, closure, site_args, dtypes)
+        out.append(stub)
+    text = "\n".join(out) + "\n"
+    return RenderedUnit(
+        text,
+        hashlib.sha256(text.encode("latin-1")).hexdigest()[:20],
+        closure.needs_torch,
+        instantiations,
+        spans,
+    )
+
+
+def _externals(closure: Closure) -> list[str]:
+    lines: list[str] = []
+    seen = set(PRELUDE)
+    for ext in closure.externals:
+        h = ext.header
+        if h in seen or is_torch_header(h) or not exists_on_system(h):
+            continue
+        seen.add(h)
+        inc = f"#include <{h}>"
+        lines += _guarded([inc], ext.guards)
+    return lines
+
+
+def _guarded(lines: list[str], guards: tuple[str, ...]) -> list[str]:
+    if not guards:
+        return lines
+    cond = " && ".join(f"({g})" for g in guards)
+    return [f"#if {cond}", *lines, "#endif"]
+
+
+def _ns_open(ns: tuple[str, ...]) -> list[str]:
+    return [f"{n} {{" if n.startswith("extern") else f"namespace {n} {{" for n in ns]
+
+
+def _ns_close(ns: tuple[str, ...]) -> list[str]:
+    return ["}" + f"  // {n}" for n in reversed(ns)]
+
+
+def _body(
+    entries: list[Entry], models: dict[str, FileModel], first: int, spans: list[tuple[int, int]]
+) -> list[str]:
+    """Items re-wrapped in namespaces and guards; records each item's line span in `spans`."""
+    lines: list[str] = []
+    defined_macros: set[str] = set()
+    ns_now: tuple[str, ...] = ()
+    for entry in entries:
+        item = entry.item
+        ns = tuple(item.namespace) if item.kind != "macro" else ns_now
+        if ns != ns_now:
+            lines += _ns_close(ns_now) + _ns_open(ns)
+            ns_now = ns
+        text = item.source(models[item.file].text).rstrip("\n")
+        chunk = [f"// {item.file}:{item.line}"]
+        if item.kind == "macro":
+            name = item.names[0] if item.names else ""
+            if name in defined_macros:
+                chunk.append(f"#undef {name}")
+            defined_macros.add(name)
+        # one list element per line, so that list positions are line numbers
+        start = first + len(lines) + 1 + len(chunk) + (1 if entry.guards else 0)
+        text_lines = text.split("\n")
+        spans.append((start, start + len(text_lines) - 1))
+        lines += _guarded(chunk + text_lines, entry.guards)
+    lines += _ns_close(ns_now)
+    return lines
+
+
+def _constant(arg: str, known: set[str]) -> bool:
+    """A template argument usable outside its launch site: literals and unit-level names."""
+    words = re.findall(r"(?<![\w.])[A-Za-z_]\w*", arg)
+    return bool(arg) and all(w in known or w in ("true", "false") for w in words)
+
+
+def _enum_first(type_text: str, closure: Closure) -> str | None:
+    name = type_text.split("::")[-1].strip()
+    for e in closure.entries:
+        it = e.item
+        if it.kind == "type" and len(it.names) > 1 and it.names[0] == name:
+            return f"{type_text.strip()}::{it.names[1]}"
+    return None
+
+
+def template_arguments(
+    kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtype: str
+) -> list[tuple[str, str, str]] | None:
+    """(kind, name, value) per template parameter for one dtype; None if it cannot be chosen."""
+    chosen: list[tuple[str, str, str]] = []
+    dtype_given = False
+    known = {n for e in closure.entries for n in e.item.names}
+    for pos, tp in enumerate(kdef.template_params):
+        at_sites = [args[pos] for args in site_args if pos < len(args)]
+        kind, name = tp["kind"], tp["name"]
+        if kind == "pack":
+            break
+        if kind == "template":
+            return None
+        if kind == "type":
+            literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
+            if _INDEX_NAME.match(name):
+                value = literal or "int"
+            elif not dtype_given:
+                value, dtype_given = dtype, True
+            else:
+                value = literal or tp["default"] or dtype
+            chosen.append(("type", name, value))
+            continue
+        ptype = tp["type"].strip()
+        literal = next((a for a in at_sites if _constant(a, known)), None)
+        value = literal or tp["default"]
+        if not value:
+            if ptype == "bool":
+                value = "true"
+            elif ptype in _BUILTIN_TYPES or ptype.startswith(("unsigned", "const")):
+                value = "32"
+            else:
+                value = _enum_first(ptype, closure) or "0"
+        chosen.append(("value", name, value))
+    return chosen
+
+
+def launch_stub(
+    kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtypes: tuple[str, ...]
+) -> tuple[str, list[str]]:
+    lines = ["", f"// kminer: launch {kdef.name} for concrete types"]
+    made: list[str] = []
+    params = []
+    for i, (_ptype, pname, ptext) in enumerate(kdef.params):
+        if ptext in ("void", "..."):
+            continue
+        params.append((ptext if pname else f"{ptext} kminer_p{i}", pname or f"kminer_p{i}"))
+    ns = tuple(n for n in kdef.namespace if not n.startswith("extern"))
+    lines += _ns_open(ns)
+    for dtype in dtypes:
+        args = template_arguments(kdef, closure, site_args, _dtype_spelling(dtype, closure))
+        if args is None:
+            continue
+        made.append(dtype)
+        aliases = []
+        for kind, name, value in args:
+            aliases.append(
+                f"using {name} = {value};"
+                if kind == "type"
+                else f"constexpr auto {name} = {value};"
+            )
+        targs = ", ".join(name for _, name, _ in args)
+        plist = ", ".join(p for p, _ in params)
+        call_args = ", ".join(n for _, n in params)
+        lines += [
+            f"{INST_BEGIN}{dtype}",
+            f"namespace kminer_inst_{dtype} {{",
+            *aliases,
+            f"void launch({plist}) {{ {kdef.name}<{targs}><<<1, 1>>>({call_args}); }}",
+            "}",
+            f"{INST_END}{dtype}",
+        ]
+    lines += _ns_close(ns)
+    return "\n".join(lines), made
+
+
+def _dtype_spelling(dtype: str, closure: Closure) -> str:
+    return half_type(closure.needs_torch) if dtype == "half" else dtype
+
+
+def drop_instantiations(text: str, dtypes: set[str]) -> str:
+    """The unit without the launch stubs of `dtypes` (those the template does not allow)."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(INST_BEGIN) and line[len(INST_BEGIN) :].strip() in dtypes:
+            skipping = True
+        if not skipping:
+            out.append(line)
+        if skipping and line.startswith(INST_END):
+            skipping = False
+    return "".join(out)
+
+
+def instantiation_lines(text: str) -> dict[str, tuple[int, int]]:
+    """dtype → (first, last) 1-based line of its launch stub."""
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.startswith(INST_BEGIN):
+            start = no
+        elif line.startswith(INST_END):
+            spans[line[len(INST_END) :].strip()] = (start, no)
+    return spans

@@ -1,0 +1,1 @@
+"""Reference implementations, generated tests and their verification on a GPU."""

@@ -1,0 +1,108 @@
+"""Dependency closure and unit rendering on the trap fixtures (no compiler needed)."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import kernel
+
+
+def unit_for(traps, traps_extractor, name, spec=None):
+    k = kernel(traps, name, spec)
+    return traps_extractor.extract(k, f"test {name}")
+
+
+def test_helpers_macros_and_aliases_come_along(traps, traps_extractor):
+    res = unit_for(traps, traps_extractor, "blend_kernel")
+    text = res.unit.text
+    assert "#define CUDA_1D_KERNEL_LOOP" in text
+    assert "lerp_hd(float a, float b, float t)" in text
+    assert "#define HD_INLINE __host__ __device__ __forceinline__" in text
+    # the header includes nothing itself: the launching .cu supplied the context
+    assert res.closure.from_tu == "src/context_cuda.cu"
+    # only what it uses
+    assert "clampv" not in text and "GET_BLOCKS" not in text
+
+
+def test_same_named_helper_from_the_right_header(traps, traps_extractor):
+    add = unit_for(traps, traps_extractor, "combine_add_kernel")
+    mul = unit_for(traps, traps_extractor, "combine_mul_kernel")
+    assert "return a + b;" in add.unit.text and "return a * b;" not in add.unit.text
+    assert "return a * b;" in mul.unit.text and "return a + b;" not in mul.unit.text
+    assert add.pruned == 1 and mul.pruned == 1
+
+
+def test_overload_sets_stay_together(traps, traps_extractor):
+    text = unit_for(traps, traps_extractor, "clamp_pair_kernel").unit.text
+    assert "float clampv(float v)" in text and "int clampv(int v)" in text
+
+
+def test_hip_branch_is_evaluated_away(traps, traps_extractor):
+    for k in traps.kernels:
+        text = traps_extractor.extract(k, "t").unit.text
+        assert "hip_runtime" not in text and "hip_helper" not in text
+
+
+def test_specialization_keeps_its_arch_guard_and_primary(traps, traps_extractor):
+    res = unit_for(traps, traps_extractor, "scale_kernel", "double")
+    text = res.unit.text
+    guard = text.index("#if (__CUDA_ARCH__ >= 600)")
+    assert text.index("__global__ void scale_kernel<double>") > guard
+    assert "template <typename T>" in text[:guard]  # the primary template comes first
+    assert "kminer_inst" not in text  # a full specialization needs no launch stub
+
+
+def test_primary_excludes_other_specializations(traps, traps_extractor):
+    text = unit_for(traps, traps_extractor, "scale_kernel", "").unit.text
+    assert "scale_kernel<double>" not in text
+    assert "namespace kminer_inst_float" in text
+
+
+def test_device_globals_types_and_enum_template_argument(traps, traps_extractor):
+    text = unit_for(traps, traps_extractor, "poly_eval_kernel").unit.text
+    for needed in (
+        "__constant__ float c_coeffs[8];",
+        "__device__ int d_counter;",
+        "struct Accum",
+        "typedef float real_t;",
+        "using count_t = int;",
+    ):
+        assert needed in text
+    stub = unit_for(traps, traps_extractor, "pair_reduce_kernel").unit.text
+    assert "enum class Mode" in stub
+    assert re.search(r"constexpr auto M = Mode::(Sum|Max);", stub)
+
+
+def test_template_values_from_launch_sites_and_defaults(traps, traps_extractor):
+    text = unit_for(traps, traps_extractor, "gather_kernel").unit.text
+    assert "using index_t = int64_t;" in text  # written at the launch site
+    vec = unit_for(traps, traps_extractor, "vec_copy_kernel").unit.text
+    assert "constexpr auto N = 4;" in vec  # the parameter's default
+
+
+def test_macro_kernel_unit_holds_the_expansion(traps, traps_extractor):
+    text = unit_for(traps, traps_extractor, "act_leaky_kernel").unit.text
+    assert "__global__ void act_leaky_kernel(" in text
+    assert "DEFINE_ACT(" not in text.split("// src/fill_cuda.cu")[-1]
+
+
+def test_names_never_resolve_outside_the_include_closure(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "a.cuh").write_text(
+        "#define EPS 1e-3f\n__device__ float bump(float x) { return x + EPS; }\n"
+    )
+    (tmp_path / "b.cuh").write_text(
+        "#define EPS 42.0f\n__device__ float bump(float x) { return -x; }\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "a.cuh"\n__global__ void k(float* x) { x[0] = bump(x[0]) + EPS; }\n'
+        "__global__ void lonely(float* x) { x[0] = unknown_helper(x[0]); }\n"
+    )
+    disc = discover(tmp_path)
+    ex = Extractor(disc)
+    text = ex.extract(kernel(disc, "k"), "t").unit.text
+    assert "1e-3f" in text and "42.0f" not in text and "return -x" not in text
+    lonely = ex.extract(kernel(disc, "lonely"), "t").unit.text
+    assert "bump" not in lonely

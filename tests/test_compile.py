@@ -1,0 +1,120 @@
+"""nvcc verdicts on extracted units (compile only; no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import kernel, needs_nvcc
+
+from miner.candidate import Reason, Status
+from miner.compile import compile_unit, failing_dtypes, first_error
+
+pytestmark = needs_nvcc
+
+
+def _compile(disc, extractor, name, spec=None):
+    res = extractor.extract(kernel(disc, name, spec), f"test {name}")
+    return res, compile_unit(res.unit.text, res.unit.needs_torch, res.unit.instantiations)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec"),
+    [("block_sum_kernel", None), ("scale_kernel", "double"), ("act_relu_kernel", None)],
+)
+def test_representative_units_compile(traps, traps_extractor, name, spec):
+    res, result = _compile(traps, traps_extractor, name, spec)
+    assert result.status == Status.OK, result.log
+    assert result.compiled_types == res.unit.instantiations
+
+
+def test_dtype_the_template_rejects_is_dropped(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "template <typename T> __global__ void clip_kernel(T* x, int n) {\n"
+        "  int i = threadIdx.x; if (i < n) x[i] = max(x[i], (T)0.5);\n}\n"
+    )
+    disc = discover(tmp_path)
+    _, result = _compile(disc, Extractor(disc), "clip_kernel")
+    assert result.status == Status.OK
+    assert result.compiled_types == ["float", "double"]
+    assert result.reason == Reason.PARTIAL_INSTANTIATION
+    assert "kminer_inst_half" not in result.text and "kminer_inst_double" in result.text
+
+
+def test_broken_unit_reports_its_first_error(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "__global__ void bad(float* x) { x[0] = not_defined_anywhere(1); }\n"
+    )
+    disc = discover(tmp_path)
+    _, result = _compile(disc, Extractor(disc), "bad")
+    assert result.status == Status.ERROR and result.reason == Reason.COMPILE_ERROR
+    assert "not_defined_anywhere" in result.detail and result.detail.startswith("line ")
+
+
+def test_error_parsing_helpers():
+    log = (
+        'unit.cu(12): error: identifier "foo" is undefined\n'
+        "unit.cu(40): error: no instance of overloaded function\n"
+        '  detected during instantiation of "void k<T>(T *) '
+        '[with T=kminer_inst_half::T]" at line 61\n'
+    )
+    text = "\n".join(
+        ["x"] * 59
+        + [
+            "// kminer-inst-begin half",
+            "namespace kminer_inst_half {",
+            "void launch() {}",
+            "}",
+            "// kminer-inst-end half",
+        ]
+    )
+    assert failing_dtypes(log, text) == {"half"}
+    assert first_error(log) == (Reason.COMPILE_ERROR, 'line 12: identifier "foo" is undefined')
+    fatal = "unit.cu:3:10: fatal error: cutlass/cutlass.h: No such file or directory\n"
+    assert first_error(fatal)[0] == Reason.MISSING_HEADER
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["traps", "sample"])
+def test_every_fixture_unit_compiles(which, traps, traps_extractor, sample):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from miner.extract import Extractor
+
+    disc, ex = (traps, traps_extractor) if which == "traps" else (sample, Extractor(sample))
+    units = [ex.extract(k, "t").unit for k in disc.kernels]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(
+            pool.map(lambda u: compile_unit(u.text, u.needs_torch, u.instantiations), units)
+        )
+    failed = [
+        (k.kdef.name, r.detail)
+        for k, r in zip(disc.kernels, results, strict=True)
+        if r.status != Status.OK
+    ]
+    assert failed == []
+
+
+@pytest.mark.slow
+def test_torch_unit_compiles_with_light_headers(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "#include <ATen/ATen.h>\nusing at::Half;\n"
+        "template <typename T> __global__ void half_add(T* x, const at::Half* y, int n) {\n"
+        "  int i = threadIdx.x; if (i < n) atomicAdd(x + i, (T)(float)y[i]);\n}\n"
+        "__global__ void acc_kernel(at::PackedTensorAccessor32<float, 2, at::RestrictPtrTraits> a)"
+        " { a[0][0] = 1.f; }\n"
+    )
+    disc = discover(tmp_path)
+    ex = Extractor(disc)
+    for name in ("half_add", "acc_kernel"):
+        res, result = _compile(disc, ex, name)
+        assert res.unit.needs_torch
+        assert "torch/extension.h" not in res.unit.text
+        assert result.status == Status.OK, result.log

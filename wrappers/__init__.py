@@ -1,0 +1,1 @@
+"""Host wrappers and pybind bindings that turn a kernel unit into a PyTorch extension."""
