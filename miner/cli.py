@@ -13,8 +13,40 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors as one red line too, like every other error of kminer.
+
+    typer vendors its own click, so exceptions are recognised by name and shape."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except Exception as exc:
+            kind = type(exc).__name__
+            if kind == "Exit":
+                sys.exit(exc.exit_code)
+            if kind == "NoArgsIsHelp":
+                ctx = getattr(exc, "ctx", None)
+                out.print(ctx.get_help() if ctx else str(exc))
+                sys.exit(0)
+            if kind == "Abort":
+                err.print("[red]error:[/red] aborted", highlight=False)
+                sys.exit(130)
+            if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+                message = " ".join(exc.format_message().split())
+                err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+                sys.exit(exc.exit_code)
+            raise
+        # without standalone mode click hands back the code of typer.Exit instead of exiting
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     help="Mine CUDA kernels from a repository into standalone, tested dataset rows.",
@@ -38,10 +70,15 @@ def _default_workdir(repo: str) -> Path:
 
 
 def _setup_logging(workdir: Path) -> None:
+    """One log file per workdir; the console only gets the final table or one error line."""
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "kminer", False)]:
+        root.removeHandler(old)
+        old.close()
     handler = logging.FileHandler(workdir / "logs" / "kminer.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
+    handler.kminer = True  # type: ignore[attr-defined]
     root.setLevel(logging.INFO)
     root.addHandler(handler)
 

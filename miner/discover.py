@@ -50,7 +50,9 @@ class Discovery:
     parse_errors: list[str] = field(default_factory=list)  # files with syntax errors
 
 
-def discover(root: Path, max_bytes: int | None = None) -> Discovery:
+def discover(root: Path, max_bytes: int | None = None, on_file=None) -> Discovery:
+    """Scan, parse and read every kernel of the tree at `root`; `on_file(total)` is called once
+    per parsed file (progress bars)."""
     inventory = scan_tree(root, **({"max_bytes": max_bytes} if max_bytes else {}))
     texts = {f.rel: decode(f.data) for f in inventory.files}
     codes = {rel: blank_comments_and_strings(t) for rel, t in texts.items()}
@@ -61,6 +63,8 @@ def discover(root: Path, max_bytes: int | None = None) -> Discovery:
         code = codes[rel]
         rewritten = aliases.rewrite(text, code)
         models[rel] = parser.parse(rel, text, code, rewritten)
+        if on_file is not None:
+            on_file(len(texts))
     disc = Discovery(root, inventory, models, aliases)
     global_words = {"__global__"} | aliases.global_aliases
     for rel, model in models.items():

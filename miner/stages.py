@@ -78,7 +78,18 @@ def run_discover(ctx: RunContext) -> list[Candidate]:
     """Find kernels and merge them with what the store already knows (keeping later stages)."""
     from miner.discover import discover
 
-    disc = discover(ctx.src.root, max_bytes=ctx.cfg.max_file_bytes)
+    started = False
+
+    def on_file(total: int) -> None:
+        nonlocal started
+        if not started:
+            ctx.progress.start(Stage.DISCOVER.value, total)
+            started = True
+        ctx.progress.advance(Stage.DISCOVER.value)
+
+    disc = discover(ctx.src.root, max_bytes=ctx.cfg.max_file_bytes, on_file=on_file)
+    if started:
+        ctx.progress.end(Stage.DISCOVER.value)
     ctx.discovery = disc
     prov = Provenance(repo_url=ctx.src.url, commit=ctx.src.commit, license=ctx.src.license)
     known = {c.id: c for c in ctx.store.candidates(ctx.repo_id)}
@@ -160,13 +171,21 @@ def run_closure(ctx: RunContext, cands: list[Candidate]) -> None:
                 status=Status.OK,
                 key=result.unit.hash,
                 seconds=time.perf_counter() - t0,
-                detail=f"{len(entries)} deps"
-                + (f", context from {result.closure.from_tu}" if result.closure.from_tu else ""),
+                detail=_closure_detail(len(entries), result),
             ),
         )
         ctx.store.save(cand, ctx.repo_id)
         ctx.progress.advance(Stage.CLOSURE.value)
     ctx.progress.end(Stage.CLOSURE.value)
+
+
+def _closure_detail(n_deps: int, result) -> str:
+    parts = [f"{n_deps} deps"]
+    if result.closure.from_tu:
+        parts.append(f"context from {result.closure.from_tu}")
+    if result.pruned:
+        parts.append(f"libclang dropped {result.pruned} unused same-named definitions")
+    return ", ".join(parts)
 
 
 def run_compile(ctx: RunContext, cands: list[Candidate]) -> None:

@@ -50,3 +50,70 @@ def kernel(disc, name: str, spec: str | None = None):
     ]
     assert found, f"kernel {name} not found"
     return found[0]
+
+
+def _start_postgres(base: Path) -> tuple[str, callable]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (as `nobody` when we are root)."""
+    import os
+    import socket
+    import subprocess
+
+    run_as = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    data = base / "data"
+    base.chmod(0o777)
+    if run_as:
+        shutil.chown(base, "nobody")
+    subprocess.run(
+        [*run_as, "initdb", "-D", str(data), "-U", "kminer", "--auth=trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = f"-k {base} -p {port} -c listen_addresses=127.0.0.1"
+    subprocess.run(
+        [*run_as, "pg_ctl", "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"],
+        check=True,
+        capture_output=True,
+    )
+
+    def stop() -> None:
+        subprocess.run(
+            [*run_as, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+        )
+
+    return f"postgresql+psycopg://kminer@127.0.0.1:{port}/postgres", stop
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    import tempfile
+
+    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
+        pytest.skip("PostgreSQL server binaries not installed")
+    pytest.importorskip("psycopg")
+    # not under pytest's tmp dirs: those are private to root, and the server runs as nobody
+    base = Path(tempfile.mkdtemp(prefix="kminer-pg-"))
+    url, stop = _start_postgres(base)
+    yield url
+    stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
+    """A one-commit git repository holding `files`."""
+    import git
+
+    path.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        target = path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    repo = git.Repo.init(path)
+    repo.git.add(A=True)
+    repo.index.commit("fixture")
+    return path

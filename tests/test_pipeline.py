@@ -1,0 +1,152 @@
+"""`kminer mine` end to end through the CLI: records, resume, cache, filters, kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import SAMPLE, expected, git_repo, needs_nvcc
+from typer.testing import CliRunner
+
+from miner.cli import app
+
+runner = CliRunner()
+TINY = {
+    "csrc/ops.cuh": "#pragma once\n"
+    "#define LOOP(i, n) for (int i = threadIdx.x; i < (n); i += blockDim.x)\n"
+    "__device__ float twice(float x) { return 2 * x; }\n",
+    "csrc/ops.cu": '#include "ops.cuh"\n'
+    "__global__ void double_kernel(float* x, int n) { LOOP(i, n) x[i] = twice(x[i]); }\n"
+    "template <typename T> __global__ void add_kernel(T* x, const T* y, int n) {\n"
+    "  LOOP(i, n) x[i] += y[i];\n}\n"
+    "void run(float* x, const float* y, int n) {\n"
+    "  double_kernel<<<1, 256>>>(x, n);\n  add_kernel<float><<<1, 256>>>(x, y, n);\n}\n",
+    "LICENSE": "MIT License\n\nPermission is hereby granted, free of charge, to any person "
+    "obtaining a copy of this software",
+}
+
+
+def mine(*args: str):
+    return runner.invoke(app, ["mine", *args])
+
+
+def candidates(workdir) -> list[dict]:
+    res = runner.invoke(app, ["candidates", "--workdir", str(workdir), "--json"])
+    assert res.exit_code == 0, res.output
+    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+
+
+def stats(workdir) -> dict:
+    res = runner.invoke(app, ["stats", "--workdir", str(workdir), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_sample_repo_discovery_and_closure(tmp_path):
+    wd = tmp_path / "run"
+    res = mine(str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure")
+    assert res.exit_code == 0, res.output
+    rows = candidates(wd)
+    want = {(r["file"], r["kernel"], int(r["line"])) for r in expected("sample-repo")}
+    assert {(r["file"], r["kernel"], r["line"]) for r in rows} == want
+    for r in rows:
+        assert set(r) >= {"id", "file", "line", "kernel", "templated", "launched", "stages"}
+        assert r["stages"]["closure"]["status"] == "ok"
+        assert "compile" not in r["stages"]
+        assert (wd / r["unit"]).read_text().count("__global__") >= 1
+    s = stats(wd)
+    assert s["found"] == 6 and s["repo"]["license"] == "MIT"
+    assert s["last_run"]["timings_s"]["discover"] > 0
+
+
+def test_rerun_reuses_discovery_and_ids_are_stable(tmp_path):
+    wd = tmp_path / "run"
+    assert mine(str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure").exit_code == 0
+    first = {r["id"] for r in candidates(wd)}
+    assert mine(str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure").exit_code == 0
+    assert stats(wd)["last_run"]["counts"].get("reused_discovery") == 1
+    assert {r["id"] for r in candidates(wd)} == first
+    assert (
+        mine(str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure", "--redo").exit_code
+        == 0
+    )
+    assert "discover" in stats(wd)["last_run"]["timings_s"]
+
+
+@needs_nvcc
+def test_compile_cache_and_redo(tmp_path):
+    repo = git_repo(tmp_path / "tiny", TINY)
+    wd = tmp_path / "run"
+    res = mine(str(repo), "--workdir", str(wd), "--jobs", "2")
+    assert res.exit_code == 0, res.output
+    rows = {r["kernel"]: r for r in candidates(wd)}
+    assert {k: r["stages"]["compile"]["status"] for k, r in rows.items()} == {
+        "double_kernel": "ok",
+        "add_kernel": "ok",
+    }
+    assert stats(wd)["last_run"]["counts"]["compiled"] == 2
+    assert mine(str(repo), "--workdir", str(wd)).exit_code == 0
+    assert stats(wd)["last_run"]["counts"]["compiled"] == 0
+    assert mine(str(repo), "--workdir", str(wd), "--redo").exit_code == 0
+    assert stats(wd)["last_run"]["counts"]["compiled"] == 2
+    assert (wd / "logs" / f"{rows['add_kernel']['id']}.compile.log").exists()
+
+
+def test_filter_limits_closure(tmp_path):
+    wd = tmp_path / "run"
+    res = mine(
+        str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure", "--filter", "*softmax*"
+    )
+    assert res.exit_code == 0, res.output
+    done = {r["kernel"] for r in candidates(wd) if "closure" in r["stages"]}
+    assert done == {"row_softmax_cuda_kernel", "row_sum_cuda_kernel"}
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_kill_9_loses_nothing(tmp_path):
+    kernels = "".join(
+        f"__global__ void k{i}(float* x) {{ x[{i}] = sqrtf(x[{i}]) * {i}; }}\n" for i in range(8)
+    )
+    repo = git_repo(tmp_path / "many", {"k.cu": kernels})
+    wd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "--workdir", str(wd), "-j", "1"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 120
+    done: list[dict] = []
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if (wd / "kminer.db").exists():
+            try:
+                done = [r for r in candidates(wd) if "compile" in r["stages"]]
+            except (AssertionError, json.JSONDecodeError):
+                continue
+            if len(done) >= 2:
+                break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 2 <= len(done) < 8
+    saved = {r["id"] for r in candidates(wd) if "compile" in r["stages"]}
+    res = mine(str(repo), "--workdir", str(wd), "-j", "2")
+    assert res.exit_code == 0, res.output
+    assert all(r["stages"]["compile"]["status"] == "ok" for r in candidates(wd))
+    assert stats(wd)["last_run"]["counts"]["compiled"] == 8 - len(saved)
+
+
+def test_postgres_url_works(tmp_path, postgres_url):
+    wd = tmp_path / "run"
+    res = mine(
+        str(SAMPLE), "--workdir", str(wd), "--stages", "discover,closure", "--db", postgres_url
+    )
+    assert res.exit_code == 0, res.output
+    out = runner.invoke(app, ["candidates", "--db", postgres_url, "--json"])
+    assert out.exit_code == 0, out.output
+    assert len(out.stdout.strip().splitlines()) >= 6
+    assert not (wd / "kminer.db").exists()

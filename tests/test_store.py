@@ -1,0 +1,74 @@
+"""The store on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import pytest
+
+from curation.store import Store
+from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageResult, Status
+
+
+def _candidate(i: int) -> Candidate:
+    k = Kernel(
+        name=f"k{i}",
+        file="a.cu",
+        line=i,
+        start_line=i,
+        end_line=i + 3,
+        source="__global__ void k() {}",
+    )
+    return Candidate(id=f"id{i:03d}", provenance=Provenance(repo_url="r", commit="c"), kernel=k)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = Store.open(tmp_path)
+    else:
+        s = Store(request.getfixturevalue("postgres_url"))
+        for table in ("candidates", "repos", "file_skips", "compile_cache", "runs"):
+            s.engine.dispose()
+            with s.engine.begin() as conn:
+                conn.exec_driver_sql(f"DELETE FROM {table}")
+    yield s
+    s.close()
+
+
+def test_candidates_round_trip_and_update(store):
+    repo_id = store.upsert_repo("r", "c", license="MIT")
+    store.save([_candidate(i) for i in (3, 1, 2)], repo_id)
+    got = store.candidates(repo_id)
+    assert [c.id for c in got] == ["id001", "id002", "id003"]
+    c = got[0]
+    c.set_stage(
+        Stage.COMPILE,
+        StageResult(status=Status.ERROR, reason=Reason.COMPILE_ERROR, detail="line 3: boom"),
+    )
+    store.save(c, repo_id)
+    again = store.get("id001")
+    assert again.stage(Stage.COMPILE).reason == Reason.COMPILE_ERROR
+    assert again.stage(Stage.COMPILE).detail == "line 3: boom"
+    assert store.repo(repo_id).license == "MIT"
+
+
+def test_compile_cache_skips_and_runs(store):
+    assert store.cached_compile("k1") is None
+    store.put_compile(
+        "k1",
+        status="ok",
+        reason=None,
+        detail="",
+        compiled_types=["float"],
+        text="unit",
+        log="",
+        seconds=1.5,
+    )
+    hit = store.cached_compile("k1")
+    assert hit.status == "ok" and hit.compiled_types == ["float"] and hit.text == "unit"
+    repo_id = store.upsert_repo("r", "c")
+    store.replace_file_skips(repo_id, [("x.mu", "non_cuda_backend")])
+    store.replace_file_skips(repo_id, [("y.mlu", "non_cuda_backend")])
+    assert store.file_skips(repo_id) == [("y.mlu", "non_cuda_backend")]
+    run = store.start_run("mine r")
+    store.finish_run(run, "ok", repo_id, {"discover": 1.0}, {"compiled": 2})
+    assert store.last_run().counts == {"compiled": 2}
