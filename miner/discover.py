@@ -16,7 +16,12 @@ from pathlib import Path
 from miner.aliases import DEFINE_LINE, QualifierAliases, collect_aliases
 from miner.filemodel import FileModel, FileParser, Item, KernelDef, refs_in
 from miner.launches import find_launch_sites
-from miner.macro_kernels import Expansion, find_invocations, find_kernel_macros
+from miner.macro_kernels import (
+    Expansion,
+    find_invocations,
+    find_kernel_macros,
+    name_macro_uses,
+)
 from miner.sources import Inventory, scan_tree
 from miner.textprep import blank_comments_and_strings, decode, first_branch_view
 
@@ -78,6 +83,7 @@ def discover(root: Path, max_bytes: int | None = None, on_file=None) -> Discover
         if model.error_count:
             disc.parse_errors.append(rel)
     _macro_kernels(disc, texts, codes, global_words, parser)
+    name_macro_uses(models, parser)
     _fallback_scan(disc, global_words)
     disc.instantiations = sum(
         1

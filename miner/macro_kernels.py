@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from miner.aliases import DEFINE_LINE
+from miner.textprep import blank_comments_and_strings
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
@@ -114,3 +115,44 @@ def find_invocations(
         args = split_args(text[open_paren + 1 : close])
         out.append(Expansion(macro, rel, m.start(), close + 1, expand(macro, args)))
     return out
+
+
+_INVOCATION = re.compile(r"\s*([A-Za-z_]\w*)\s*\((.*)\)\s*;?\s*\Z", re.DOTALL)
+
+
+def name_macro_uses(models: dict, parser) -> int:
+    """Give top-level macro invocations the names their expansion defines.
+
+    `ATOMIC(Add)` at file scope defines `AtomicAddIntegerImpl` by token pasting; without this a
+    kernel using that name could not find its definition. Returns how many items were named."""
+    macros: dict[str, KernelMacro] = {}
+    for model in models.values():
+        for item in model.items:
+            if item.kind != "macro":
+                continue
+            m = DEFINE_LINE.match(model.text, item.start)
+            if m and m.group("params") is not None and item.names:
+                params = [p.strip() for p in m.group("params")[1:-1].split(",") if p.strip()]
+                body = model.text[m.start("body") : m.end("body")].replace("\\\n", "\n")
+                macros.setdefault(
+                    item.names[0],
+                    KernelMacro(item.names[0], params, body, model.rel, m.start(), m.end()),
+                )
+    named = 0
+    for model in models.values():
+        for item in model.items:
+            if item.kind != "other":
+                continue
+            m = _INVOCATION.match(model.code, item.start, item.end)
+            if not m or m.group(1) not in macros:
+                continue
+            args = split_args(model.text[m.start(2) : m.end(2)])
+            text = expand(macros[m.group(1)], args)
+            sub = parser.parse(model.rel, text, blank_comments_and_strings(text), None)
+            names = [n for it in sub.items if it.kind not in ("other", "macro") for n in it.names]
+            if names:
+                item.kind = "macro_use"
+                item.names = tuple(dict.fromkeys(names))
+                item.refs = item.refs | frozenset().union(*(it.refs for it in sub.items))
+                named += 1
+    return named

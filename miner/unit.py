@@ -23,8 +23,28 @@ TORCH_PRELUDE = (
     "c10/util/BFloat16.h",
     "c10/macros/Macros.h",
     "ATen/core/TensorAccessor.h",
-    "ATen/cuda/Atomic.cuh",
 )
+# torch headers that pull in all of ATen (or Python): 10 s become 40-80 s per unit
+HEAVY_TORCH = frozenset(
+    {
+        "torch/extension.h",
+        "torch/all.h",
+        "torch/torch.h",
+        "torch/types.h",
+        "torch/script.h",
+        "torch/python.h",
+        "ATen/ATen.h",
+        "ATen/Functions.h",
+        "ATen/cuda/CUDAContext.h",
+        "ATen/cuda/CUDAApplyUtils.cuh",
+        "Python.h",
+    }
+)
+HEAVY_TORCH_DIRS = ("pybind11/", "torch/csrc/", "THC/THC.h")
+# what device code can use from a heavy header, included instead of it
+LIGHT_FOR_HEAVY = {
+    "ATen/cuda/CUDAApplyUtils.cuh": ("ATen/cuda/Atomic.cuh", "ATen/cuda/detail/IndexUtils.cuh"),
+}
 DTYPES = ("float", "double", "half")
 INST_BEGIN = "// kminer-inst-begin "
 INST_END = "// kminer-inst-end "
@@ -87,11 +107,23 @@ def render_unit(
 
 
 def _externals(closure: Closure) -> list[str]:
+    """The closure files' own includes; torch ones only when light and the unit needs torch."""
     lines: list[str] = []
-    seen = set(PRELUDE)
+    seen = set(PRELUDE) | set(TORCH_PRELUDE)
     for ext in closure.externals:
         h = ext.header
-        if h in seen or is_torch_header(h) or not exists_on_system(h):
+        if h in seen:
+            continue
+        if is_torch_header(h):
+            if not closure.needs_torch:
+                continue
+            if h in HEAVY_TORCH or h.startswith(HEAVY_TORCH_DIRS):
+                for light in LIGHT_FOR_HEAVY.get(h, ()):
+                    if light not in seen:
+                        seen.add(light)
+                        lines += _guarded([f"#include <{light}>"], ext.guards)
+                continue
+        elif not exists_on_system(h):
             continue
         seen.add(h)
         inc = f"#include <{h}>"

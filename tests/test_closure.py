@@ -106,3 +106,39 @@ def test_names_never_resolve_outside_the_include_closure(tmp_path):
     assert "1e-3f" in text and "42.0f" not in text and "return -x" not in text
     lonely = ex.extract(kernel(disc, "lonely"), "t").unit.text
     assert "bump" not in lonely
+
+
+def test_definitions_stamped_by_macro_invocations_are_found(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "atomics.cuh").write_text(
+        "#pragma once\n#define OP(X, Y) Y + X\n"
+        "#define ATOMIC(NAME) \\\n  template <typename T> struct Atomic##NAME##Impl { \\\n"
+        "    __device__ T operator()(T a, T b) { return OP(a, b); } \\\n  };\n"
+        "ATOMIC(Add)\n#undef OP\n#define OP(X, Y) Y * X\nATOMIC(Mul)\n")
+    (tmp_path / "k.cu").write_text(
+        '#include "atomics.cuh"\n'
+        "__global__ void k(float* x) { x[0] = AtomicMulImpl<float>()(x[0], x[1]); }\n")
+    disc = discover(tmp_path)
+    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    assert "ATOMIC(Mul)" in text and "#define ATOMIC(NAME)" in text
+    assert text.index("#define OP(X, Y) Y * X") < text.index("ATOMIC(Mul)")
+
+
+def test_torch_units_keep_light_repo_headers_only(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "#include <torch/extension.h>\n#include <ATen/cuda/detail/TensorInfo.cuh>\n"
+        "#include <ATen/cuda/CUDAApplyUtils.cuh>\n"
+        "__global__ void k(at::Half* x, at::cuda::detail::TensorInfo<float, int> info) {\n"
+        "  atomicAdd(x, x[1]);\n}\n")
+    disc = discover(tmp_path)
+    res = Extractor(disc).extract(kernel(disc, "k"), "t")
+    text = res.unit.text
+    assert res.unit.needs_torch
+    assert "#include <ATen/cuda/detail/TensorInfo.cuh>" in text
+    assert "#include <ATen/cuda/Atomic.cuh>" in text  # the light part of CUDAApplyUtils.cuh
+    assert "torch/extension.h" not in text and "CUDAApplyUtils" not in text
