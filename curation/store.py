@@ -83,6 +83,39 @@ class CompileCacheRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=_now)
 
 
+class LLMCacheRow(Base):
+    """One model answer per canonical request hash: a rerun makes no call."""
+
+    __tablename__ = "llm_cache"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), default="")
+    request: Mapped[dict] = mapped_column(JSON, default=dict)  # no secrets: messages + params
+    response: Mapped[dict] = mapped_column(JSON, default=dict)  # text, usage
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
+class AttemptRow(Base):
+    """Every LLM wrapper attempt of a candidate: the curator's work log."""
+
+    __tablename__ = "wrap_attempts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cand_id: Mapped[str] = mapped_column(String(32), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[str] = mapped_column(String(32))  # analysis | code
+    template_id: Mapped[str] = mapped_column(String(128), default="")
+    template_hash: Mapped[str] = mapped_column(String(64), default="")
+    prompt_hash: Mapped[str] = mapped_column(String(64), default="")
+    answer: Mapped[str] = mapped_column(Text, default="")
+    parsed: Mapped[dict] = mapped_column(JSON, default=dict)
+    strategy: Mapped[str] = mapped_column(Text, default="")  # what the model says it did
+    label: Mapped[str] = mapped_column(Text, default="")
+    build_log: Mapped[str] = mapped_column(Text, default="")
+    passed: Mapped[bool] = mapped_column(default=False)
+    tokens_in: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_out: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
 class RunRow(Base):
     __tablename__ = "runs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -221,6 +254,31 @@ class Store:
                 setattr(row, k, v)
             s.merge(row)
             s.commit()
+
+    # llm cache and attempts -------------------------------------------------------------------
+    def llm_cached(self, key: str) -> dict | None:
+        with Session(self.engine) as s:
+            row = s.get(LLMCacheRow, key)
+            return dict(row.response) if row is not None else None
+
+    def put_llm(self, key: str, model: str, request: dict, response: dict) -> None:
+        with Session(self.engine) as s:
+            s.merge(LLMCacheRow(key=key, model=model, request=request, response=response))
+            s.commit()
+
+    def add_attempt(self, cand_id: str, **fields) -> None:
+        with Session(self.engine) as s:
+            s.add(AttemptRow(cand_id=cand_id, **fields))
+            s.commit()
+
+    def attempts(self, cand_id: str) -> list[dict]:
+        with Session(self.engine) as s:
+            rows = s.scalars(
+                select(AttemptRow).where(AttemptRow.cand_id == cand_id).order_by(AttemptRow.id)
+            )
+            return [
+                {c.name: getattr(r, c.name) for c in AttemptRow.__table__.columns} for r in rows
+            ]
 
     # runs -----------------------------------------------------------------------------------
     def start_run(self, command: str) -> int:

@@ -42,6 +42,12 @@ class Reason(StrEnum):
     PARTIAL_INSTANTIATION = "partial_instantiation"  # some requested dtypes did not compile
     UPSTREAM_FAILED = "upstream_failed"  # an earlier stage did not produce what this one needs
     NO_COMPILER = "no_compiler"
+    # wrap
+    NEEDS_LLM = "needs_llm"  # no launcher to mine and no rule fits; waits for an LLM endpoint
+    LLM_FAILED = "llm_failed"  # the model's answers could not be used (parse, endpoint)
+    # build
+    BUILD_ERROR = "build_error"
+    BUILD_TIMEOUT = "build_timeout"
 
 
 class FileSkip(StrEnum):
@@ -124,6 +130,21 @@ class Unit(BaseModel):
     unresolved: list[str] = Field(default_factory=list)
 
 
+class Wrapper(BaseModel):
+    """How the kernel got its tensor-level wrapper, and where the label is."""
+
+    strategy: str = ""  # mined | rule | llm
+    launcher: str = ""  # the repository function that launches the kernel
+    chain: list[str] = Field(default_factory=list)  # launcher → callers → exposed function
+    functions: list[str] = Field(default_factory=list)  # names the binding exposes
+    label_path: str = ""  # relative to the workdir
+    label_hash: str = ""
+    template_id: str = ""  # llm: prompt template and its hash
+    template_hash: str = ""
+    attempts: int = 0
+    op_map: dict = Field(default_factory=dict)  # the repository's op chain, for the tests
+
+
 class Provenance(BaseModel):
     repo_url: str
     commit: str
@@ -137,6 +158,7 @@ class Candidate(BaseModel):
     launches: list[LaunchSite] = Field(default_factory=list)
     closure: list[Dep] = Field(default_factory=list)
     unit: Unit = Field(default_factory=Unit)
+    wrapper: Wrapper = Field(default_factory=Wrapper)
     stages: dict[str, StageResult] = Field(default_factory=dict)
 
     @property
@@ -163,6 +185,8 @@ class Candidate(BaseModel):
             "from_macro": self.kernel.from_macro,
             "needs_torch": self.unit.needs_torch,
             "unit": self.unit.path,
+            "label": self.wrapper.label_path,
+            "strategy": self.wrapper.strategy,
             "stages": {
                 name: {
                     "status": r.status.value,

@@ -145,7 +145,7 @@ def _print_funnel(stats: dict) -> None:
         f"{stats.get('templated', 0)} templated, {stats.get('not_launched', 0)} never "
         f"launched, {stats.get('from_macro', 0)} from macros",
     )
-    for stage in ("closure", "compile"):
+    for stage in ("closure", "compile", "wrap", "build"):
         if stage in stats:
             st = stats[stage]
             notes = ", ".join(f"{k} {v}" for k, v in st["reasons"].items())
@@ -161,10 +161,70 @@ def _print_funnel(stats: dict) -> None:
             f"{stats['unit_compiles']}/{stats['found']}",
             f"{stats['compile_rate']:.1%}, {stats['needs_torch']} need torch headers",
         )
+    if "build" in stats:
+        strategies = ", ".join(f"{k} {v}" for k, v in stats.get("strategies", {}).items())
+        table.add_row(
+            "labels build", f"{stats['label_builds']}/{stats['found']}", f"wrappers: {strategies}"
+        )
     timings = (stats.get("last_run") or {}).get("timings_s", {})
     if timings:
         table.add_row("time (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     out.print(table)
+
+
+LlmOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm", help="none | openai (default: openai when OPENAI_BASE_URL is set, else none)."
+    ),
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="LLM model name.")]
+BaseUrlOpt = Annotated[str | None, typer.Option("--llm-base-url", help="OpenAI-compatible URL.")]
+AttemptsOpt = Annotated[int, typer.Option("--max-attempts", help="LLM attempts per kernel.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Labels per build unit.")]
+BuildJobsOpt = Annotated[
+    int, typer.Option("--build-jobs", help="Build units at once (~3 GB each).")
+]
+
+
+def _llm_mode(llm: str | None) -> str:
+    mode = llm or ("openai" if os.environ.get("OPENAI_BASE_URL") else "none")
+    if mode not in ("none", "openai"):
+        raise _fail(f"unknown --llm {mode!r}; choose none or openai", 2)
+    return mode
+
+
+def _run(workdir: Path, call, as_json: bool):
+    """Run a pipeline call under a progress bar, turning failures into one red line."""
+    from miner.errors import KminerError
+    from miner.stats import funnel
+
+    try:
+        with RichProgress(err) as progress:
+            ctx = call(progress)
+    except KminerError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail(
+            "interrupted; finished work is saved, rerun the same command to resume", 130
+        ) from None
+    except Exception as exc:  # a bug: one line here, the traceback in the log
+        logging.getLogger(__name__).exception("kminer failed")
+        raise _fail(f"{type(exc).__name__}: {exc} (see {workdir}/logs/kminer.log)") from None
+    stats = funnel(ctx.store, ctx.repo_id)
+    if as_json:
+        out.print_json(json.dumps(stats))
+    else:
+        _print_funnel(stats)
+        if stats["found"] == 0:
+            out.print("0 kernels: no CUDA __global__ definitions in this repository.")
+        waiting = ctx.counters.get("waiting_for_llm", 0)
+        if waiting:
+            out.print(
+                f"{waiting} kernels wait for an LLM wrapper (--llm openai with "
+                "OPENAI_BASE_URL or --llm-base-url)."
+            )
+    return ctx
 
 
 @app.command()
@@ -175,19 +235,23 @@ def mine(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel compiles.")] = 0,
     filter: Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")] = None,
     stages: Annotated[
-        str, typer.Option(help="Comma-separated subset of discover,closure,compile.")
-    ] = "discover,closure,compile",
+        str, typer.Option(help="Comma-separated subset of discover,closure,compile,wrap,build.")
+    ] = "discover,closure,compile,wrap,build",
     redo: Annotated[bool, typer.Option(help="Redo finished work.")] = False,
     submodules: Annotated[bool, typer.Option(help="Also fetch submodules.")] = False,
     max_file_kb: Annotated[int, typer.Option(help="Skip source files larger than this.")] = 2048,
     compile_timeout: Annotated[float, typer.Option(help="Seconds per nvcc call.")] = 600.0,
+    llm: LlmOpt = None,
+    model: ModelOpt = None,
+    llm_base_url: BaseUrlOpt = None,
+    max_attempts: AttemptsOpt = 3,
+    batch_size: BatchOpt = 16,
+    build_jobs: BuildJobsOpt = 2,
     db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Mine every CUDA kernel of REPO into standalone compile units."""
-    from miner.errors import KminerError
+    """Mine every CUDA kernel of REPO into standalone compile units and built labels."""
     from miner.pipeline import MINE_STAGES, MineConfig, run_mine
-    from miner.stats import funnel
 
     if repo is None:
         raise _fail("missing REPO (a git URL, a git dir or a folder)", 2)
@@ -209,26 +273,74 @@ def mine(
         db_url=db,
         max_file_bytes=max_file_kb * 1024,
         compile_timeout=compile_timeout,
+        llm=_llm_mode(llm),
+        model=model,
+        llm_base_url=llm_base_url,
+        max_attempts=max_attempts,
+        batch_size=batch_size,
+        build_jobs=build_jobs,
     )
-    try:
-        with RichProgress(err) as progress:
-            ctx = run_mine(cfg, progress)
-    except KminerError as exc:
-        raise _fail(str(exc)) from None
-    except KeyboardInterrupt:
-        raise _fail(
-            "interrupted; finished work is saved, rerun the same command to resume", 130
-        ) from None
-    except Exception as exc:  # a bug: one line here, the traceback in the log
-        logging.getLogger(__name__).exception("mine failed")
-        raise _fail(f"{type(exc).__name__}: {exc} (see {workdir}/logs/kminer.log)") from None
-    stats = funnel(ctx.store, ctx.repo_id)
-    if as_json:
-        out.print_json(json.dumps(stats))
-    else:
-        _print_funnel(stats)
-        if stats["found"] == 0:
-            out.print("0 kernels: no CUDA __global__ definitions in this repository.")
+    _run(workdir, lambda progress: run_mine(cfg, progress), as_json)
+
+
+@app.command()
+def wrap(
+    workdir: WorkdirOpt = None,
+    llm: LlmOpt = None,
+    model: ModelOpt = None,
+    llm_base_url: BaseUrlOpt = None,
+    max_attempts: AttemptsOpt = 3,
+    filter: Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")] = None,
+    redo: Annotated[bool, typer.Option(help="Redo finished work.")] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Give mined kernels a host wrapper + binding (mined launcher, rule, or LLM)."""
+    from miner.pipeline import MineConfig, run_stages
+
+    workdir = workdir or Path(".")
+    _setup_logging(workdir)
+    cfg = MineConfig(
+        repo="",
+        workdir=workdir,
+        stages=("wrap",),
+        filter=filter,
+        redo=redo,
+        db_url=db,
+        llm=_llm_mode(llm),
+        model=model,
+        llm_base_url=llm_base_url,
+        max_attempts=max_attempts,
+    )
+    _run(workdir, lambda progress: run_stages(cfg, progress), as_json)
+
+
+@app.command()
+def build(
+    workdir: WorkdirOpt = None,
+    jobs: BuildJobsOpt = 2,
+    batch_size: BatchOpt = 16,
+    filter: Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")] = None,
+    redo: Annotated[bool, typer.Option(help="Redo finished work.")] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build-check every label (nvcc with cpp_extension's flags; many labels per unit)."""
+    from miner.pipeline import MineConfig, run_stages
+
+    workdir = workdir or Path(".")
+    _setup_logging(workdir)
+    cfg = MineConfig(
+        repo="",
+        workdir=workdir,
+        stages=("build",),
+        filter=filter,
+        redo=redo,
+        db_url=db,
+        build_jobs=jobs,
+        batch_size=batch_size,
+    )
+    _run(workdir, lambda progress: run_stages(cfg, progress), as_json)
 
 
 def _open_store(workdir: Path | None, db: str | None):

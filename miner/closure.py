@@ -52,6 +52,8 @@ def name_index(linear: Linear) -> dict[str, list[int]]:
 def _eligible(item: Item, kernel: Item) -> bool:
     if item is kernel:
         return True
+    if kernel.kind != "kernel":  # a host launcher: every kernel it names comes along
+        return item.kind != "other"
     if item.kind == "kernel":
         # a specialization needs its primary template; nothing else needs another kernel
         return bool(kernel.spec) and not item.spec and item.names == kernel.names

@@ -20,7 +20,7 @@ from miner.clone import RepoSource, fetch_repo
 
 log = logging.getLogger(__name__)
 
-MINE_STAGES = ("discover", "closure", "compile")
+MINE_STAGES = ("discover", "closure", "compile", "wrap", "build")
 _EXTRACTOR_MODULES = (
     "aliases",
     "closure",
@@ -78,6 +78,13 @@ class MineConfig:
     db_url: str | None = None
     max_file_bytes: int = 2 * 1024 * 1024
     compile_timeout: float = 600.0
+    llm: str = "none"  # none | openai
+    model: str | None = None
+    llm_base_url: str | None = None
+    max_attempts: int = 3
+    batch_size: int = 16  # labels per build translation unit
+    build_jobs: int = 2  # batches built at once (each nvcc takes ~3 GB with torch headers)
+    build_timeout: float = 3600.0
 
 
 @dataclass
@@ -91,8 +98,22 @@ class RunContext:
     discovery: object = None
     discovery_info: dict = field(default_factory=dict)
     found: dict = field(default_factory=dict)
+    llm: object = None  # wrappers.llm.client.LLMClient when an endpoint is configured
     timings: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+
+    def ensure_discovery(self) -> None:
+        """Later stages need the parsed repository; a rerun that skipped discovery parses now."""
+        if self.discovery is not None:
+            return
+        from miner.candidate import Provenance
+        from miner.discover import discover
+        from miner.stages import to_candidate
+
+        disc = discover(self.src.root, max_bytes=self.cfg.max_file_bytes)
+        prov = Provenance(repo_url=self.src.url, commit=self.src.commit, license=self.src.license)
+        self.discovery = disc
+        self.found = {to_candidate(fk, disc, prov).id: fk for fk in disc.kernels}
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -161,10 +182,82 @@ def run_mine(cfg: MineConfig, progress: Progress | None = None, store=None) -> R
         if "compile" in cfg.stages:
             with ctx.timed("compile"):
                 run_compile(ctx, cands)
+        run_wrap_and_build(ctx)
         status = "ok"
         return ctx
     except KeyboardInterrupt:
         status = "interrupted"
         raise
     finally:
+        if ctx.llm is not None:
+            ctx.counters.update({f"llm_{k}": v for k, v in ctx.llm.usage().items()})
         store.finish_run(run_id, status, ctx.repo_id or None, ctx.timings, ctx.counters)
+
+
+def run_wrap_and_build(ctx: RunContext) -> None:
+    """The wrap and build stages over the store's candidates (also `kminer wrap/build`)."""
+    cfg = ctx.cfg
+    if "wrap" not in cfg.stages and "build" not in cfg.stages:
+        return
+    from wrappers.stage import run_build, run_wrap
+
+    if "wrap" in cfg.stages:
+        ctx.llm = make_llm_client(cfg, ctx.store)
+        with ctx.timed("wrap"):
+            run_wrap(ctx, ctx.store.candidates(ctx.repo_id))
+    if "build" in cfg.stages:
+        with ctx.timed("build"):
+            run_build(ctx, ctx.store.candidates(ctx.repo_id))
+
+
+def make_llm_client(cfg: MineConfig, store):
+    if cfg.llm == "none":
+        return None
+    from wrappers.llm.client import client_from_env
+
+    from miner.errors import SetupError
+
+    client = client_from_env(store, base_url=cfg.llm_base_url, model=cfg.model)
+    if client is None:
+        raise SetupError("--llm openai needs an endpoint: set OPENAI_BASE_URL or --llm-base-url")
+    return client
+
+
+def open_workdir(cfg: MineConfig, progress: Progress | None = None, store=None) -> RunContext:
+    """A context over an already mined workdir, for the stage commands (`kminer wrap`, ...)."""
+    from curation.store import Store
+    from miner.errors import BadInput
+
+    workdir = cfg.workdir.resolve()
+    store = store or Store.open(workdir, cfg.db_url)
+    repo = store.repo()
+    if repo is None:
+        raise BadInput(f"no mined repository in {workdir}: run `kminer mine` first")
+    ctx = RunContext(cfg, store, workdir, progress or NullProgress())
+    ctx.repo_id = repo.id
+    ctx.src = RepoSource(
+        url=repo.url,
+        kind=repo.kind,
+        commit=repo.commit,
+        ref=repo.ref,
+        root=Path(repo.root),
+        license=repo.license,
+        license_file=repo.license_file,
+    )
+    if not ctx.src.root.exists():
+        raise BadInput(f"the sources of {repo.url} are gone from {repo.root}: rerun `kminer mine`")
+    return ctx
+
+
+def run_stages(cfg: MineConfig, progress: Progress | None = None) -> RunContext:
+    ctx = open_workdir(cfg, progress)
+    run_id = ctx.store.start_run(" ".join(cfg.stages))
+    status = "failed"
+    try:
+        run_wrap_and_build(ctx)
+        status = "ok"
+        return ctx
+    finally:
+        if ctx.llm is not None:
+            ctx.counters.update({f"llm_{k}": v for k, v in ctx.llm.usage().items()})
+        ctx.store.finish_run(run_id, status, ctx.repo_id, ctx.timings, ctx.counters)

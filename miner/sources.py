@@ -30,21 +30,9 @@ SOURCE_SUFFIXES = (
     ".cuinc",
 )
 BACKEND_SUFFIXES = (".mu", ".muh", ".mlu", ".hip", ".cl", ".metal", ".mm", ".dp.cpp", ".sycl")
+# other accelerators' backends, and framework bindings other than PyTorch (mmcv's parrots/)
 BACKEND_DIRS = frozenset(
-    {
-        "musa",
-        "mlu",
-        "npu",
-        "mps",
-        "hip",
-        "rocm",
-        "ascend",
-        "cambricon",
-        "xpu",
-        "sycl",
-        "metal",
-        "dipu",
-    }
+    "musa mlu npu mps hip rocm ascend cambricon xpu sycl metal dipu parrots".split()
 )
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv"})
 HIP_COPY = re.compile(r"(^|[_.])hip([_.]|$)|hipify", re.IGNORECASE)

@@ -44,6 +44,10 @@ def funnel(store, repo_id: int | None = None) -> dict:
     out["unit_compiles"] = len(comp)
     out["compile_rate"] = round(len(comp) / len(cands), 4) if cands else 0.0
     out["needs_torch"] = sum(c.unit.needs_torch for c in cands)
+    out["strategies"] = dict(Counter(c.wrapper.strategy for c in cands if c.wrapper.strategy))
+    out["label_builds"] = sum(
+        1 for c in cands if (r := c.stage(Stage.BUILD)) and r.status.value == "ok"
+    )
     run = store.last_run()
     if run is not None:
         out["last_run"] = {"status": run.status, "timings_s": run.timings, "counts": run.counts}

@@ -106,15 +106,18 @@ def render_unit(
     )
 
 
-def _externals(closure: Closure) -> list[str]:
-    """The closure files' own includes; torch ones only when light and the unit needs torch."""
+def _externals(closure: Closure, all_torch: bool = False) -> list[str]:
+    """The closure files' own includes; torch ones only when light and the unit needs torch
+    (`all_torch`: every torch include, for host code such as mined launchers)."""
     lines: list[str] = []
-    seen = set(PRELUDE) | set(TORCH_PRELUDE)
+    seen = set(PRELUDE) | (set() if all_torch else set(TORCH_PRELUDE))
     for ext in closure.externals:
         h = ext.header
         if h in seen:
             continue
-        if is_torch_header(h):
+        if is_torch_header(h) and all_torch:
+            pass
+        elif is_torch_header(h):
             if not closure.needs_torch:
                 continue
             if h in HEAVY_TORCH or h.startswith(HEAVY_TORCH_DIRS):
@@ -129,6 +132,13 @@ def _externals(closure: Closure) -> list[str]:
         inc = f"#include <{h}>"
         lines += _guarded([inc], ext.guards)
     return lines
+
+
+def render_host_code(closure: Closure, models: dict[str, FileModel]) -> tuple[list[str], str]:
+    """Includes and body of host code (a launcher and what it needs, kernels included) for a
+    label: the repository's torch includes are kept, since host code calls into ATen."""
+    includes = [f"#include <{h}>" for h in PRELUDE] + _externals(closure, all_torch=True)
+    return includes, "\n".join(_body(closure.entries, models, 0, []))
 
 
 def _guarded(lines: list[str], guards: tuple[str, ...]) -> list[str]:

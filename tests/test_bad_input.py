@@ -74,7 +74,7 @@ def test_empty_repository(tmp_path):
 
 def test_repository_without_cuda(tmp_path):
     repo = git_repo(tmp_path / "py", {"main.py": "print('hi')\n", "util.cpp": "int f();\n"})
-    res = mine(str(repo), "--workdir", str(tmp_path / "wd"))
+    res = mine(str(repo), "--workdir", str(tmp_path / "wd"), "--llm", "none")
     assert res.exit_code == 0, res.output
     assert "0 kernels" in res.stdout
     assert funnel(tmp_path / "wd")["found"] == 0

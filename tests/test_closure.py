@@ -116,10 +116,12 @@ def test_definitions_stamped_by_macro_invocations_are_found(tmp_path):
         "#pragma once\n#define OP(X, Y) Y + X\n"
         "#define ATOMIC(NAME) \\\n  template <typename T> struct Atomic##NAME##Impl { \\\n"
         "    __device__ T operator()(T a, T b) { return OP(a, b); } \\\n  };\n"
-        "ATOMIC(Add)\n#undef OP\n#define OP(X, Y) Y * X\nATOMIC(Mul)\n")
+        "ATOMIC(Add)\n#undef OP\n#define OP(X, Y) Y * X\nATOMIC(Mul)\n"
+    )
     (tmp_path / "k.cu").write_text(
         '#include "atomics.cuh"\n'
-        "__global__ void k(float* x) { x[0] = AtomicMulImpl<float>()(x[0], x[1]); }\n")
+        "__global__ void k(float* x) { x[0] = AtomicMulImpl<float>()(x[0], x[1]); }\n"
+    )
     disc = discover(tmp_path)
     text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
     assert "ATOMIC(Mul)" in text and "#define ATOMIC(NAME)" in text
@@ -134,7 +136,8 @@ def test_torch_units_keep_light_repo_headers_only(tmp_path):
         "#include <torch/extension.h>\n#include <ATen/cuda/detail/TensorInfo.cuh>\n"
         "#include <ATen/cuda/CUDAApplyUtils.cuh>\n"
         "__global__ void k(at::Half* x, at::cuda::detail::TensorInfo<float, int> info) {\n"
-        "  atomicAdd(x, x[1]);\n}\n")
+        "  atomicAdd(x, x[1]);\n}\n"
+    )
     disc = discover(tmp_path)
     res = Extractor(disc).extract(kernel(disc, "k"), "t")
     text = res.unit.text

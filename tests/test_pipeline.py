@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from miner.cli import app
 
 runner = CliRunner()
+UNITS = "discover,closure,compile"
 TINY = {
     "csrc/ops.cuh": "#pragma once\n"
     "#define LOOP(i, n) for (int i = threadIdx.x; i < (n); i += blockDim.x)\n"
@@ -82,7 +83,7 @@ def test_rerun_reuses_discovery_and_ids_are_stable(tmp_path):
 def test_compile_cache_and_redo(tmp_path):
     repo = git_repo(tmp_path / "tiny", TINY)
     wd = tmp_path / "run"
-    res = mine(str(repo), "--workdir", str(wd), "--jobs", "2")
+    res = mine(str(repo), "--workdir", str(wd), "--jobs", "2", "--stages", UNITS)
     assert res.exit_code == 0, res.output
     rows = {r["kernel"]: r for r in candidates(wd)}
     assert {k: r["stages"]["compile"]["status"] for k, r in rows.items()} == {
@@ -90,9 +91,9 @@ def test_compile_cache_and_redo(tmp_path):
         "add_kernel": "ok",
     }
     assert stats(wd)["last_run"]["counts"]["compiled"] == 2
-    assert mine(str(repo), "--workdir", str(wd)).exit_code == 0
+    assert mine(str(repo), "--workdir", str(wd), "--stages", UNITS).exit_code == 0
     assert stats(wd)["last_run"]["counts"]["compiled"] == 0
-    assert mine(str(repo), "--workdir", str(wd), "--redo").exit_code == 0
+    assert mine(str(repo), "--workdir", str(wd), "--redo", "--stages", UNITS).exit_code == 0
     assert stats(wd)["last_run"]["counts"]["compiled"] == 2
     assert (wd / "logs" / f"{rows['add_kernel']['id']}.compile.log").exists()
 
@@ -115,7 +116,19 @@ def test_kill_9_loses_nothing(tmp_path):
     )
     repo = git_repo(tmp_path / "many", {"k.cu": kernels})
     wd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "--workdir", str(wd), "-j", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "miner.cli",
+        "mine",
+        str(repo),
+        "--workdir",
+        str(wd),
+        "-j",
+        "1",
+        "--stages",
+        UNITS,
+    ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -134,7 +147,7 @@ def test_kill_9_loses_nothing(tmp_path):
     proc.wait()
     assert 2 <= len(done) < 8
     saved = {r["id"] for r in candidates(wd) if "compile" in r["stages"]}
-    res = mine(str(repo), "--workdir", str(wd), "-j", "2")
+    res = mine(str(repo), "--workdir", str(wd), "-j", "2", "--stages", UNITS)
     assert res.exit_code == 0, res.output
     assert all(r["stages"]["compile"]["status"] == "ok" for r in candidates(wd))
     assert stats(wd)["last_run"]["counts"]["compiled"] == 8 - len(saved)
@@ -150,3 +163,60 @@ def test_postgres_url_works(tmp_path, postgres_url):
     assert out.exit_code == 0, out.output
     assert len(out.stdout.strip().splitlines()) >= 6
     assert not (wd / "kminer.db").exists()
+
+
+WRAPPABLE = {
+    "ops.cu": "#include <torch/extension.h>\n"
+    "__global__ void twice_kernel(const float* x, float* y, int n) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 2.f * x[i];\n}\n"
+    "void twice_launcher(at::Tensor x, at::Tensor y) {\n"
+    "  int n = x.numel();\n"
+    "  twice_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);\n}\n"
+    "// never launched, but plain: a rule wrapper fits\n"
+    "__global__ void negate_kernel(const float* x, float* y, int n) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = -x[i];\n}\n"
+    "// never launched and not plain: waits for an LLM\n"
+    "__global__ void transpose_kernel(const float* x, float* y, int rows, int cols) {\n"
+    "  int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  if (c < cols) y[c * rows + r] = x[r * cols + c];\n}\n",
+}
+
+
+@needs_nvcc
+def test_wrap_strategies_and_needs_llm(tmp_path):
+    repo = git_repo(tmp_path / "w", WRAPPABLE)
+    wd = tmp_path / "run"
+    res = mine(str(repo), "--workdir", str(wd), "--stages", UNITS + ",wrap", "--llm", "none")
+    assert res.exit_code == 0, res.output
+    assert "1 kernels wait for an LLM wrapper" in res.stdout
+    rows = {r["kernel"]: r for r in candidates(wd)}
+    assert rows["twice_kernel"]["strategy"] == "mined"
+    assert rows["negate_kernel"]["strategy"] == "rule"
+    assert rows["transpose_kernel"]["stages"]["wrap"] == {
+        "status": "skipped",
+        "reason": "needs_llm",
+        "detail": "no_rule",
+    }
+    label = (wd / rows["twice_kernel"]["label"]).read_text()
+    assert 'm.def("twice_launcher", &twice_launcher)' in label
+    # a rerun redoes nothing; the wrap stage is keyed by the code that made the labels
+    assert mine(str(repo), "--workdir", str(wd), "--stages", UNITS + ",wrap").exit_code == 0
+    assert stats(wd)["wrap"]["status"] == {"ok": 2, "skipped": 1}
+    assert stats(wd)["last_run"]["timings_s"]["wrap"] < 1.0
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_build_stage_checks_labels_once(tmp_path):
+    repo = git_repo(tmp_path / "w", WRAPPABLE)
+    wd = tmp_path / "run"
+    res = mine(str(repo), "--workdir", str(wd), "--llm", "none")
+    assert res.exit_code == 0, res.output
+    rows = {r["kernel"]: r for r in candidates(wd)}
+    assert rows["twice_kernel"]["stages"]["build"]["status"] == "ok"
+    assert rows["negate_kernel"]["stages"]["build"]["status"] == "ok"
+    assert "build" not in rows["transpose_kernel"]["stages"]
+    assert stats(wd)["last_run"]["counts"]["built"] == 2
+    res = runner.invoke(app, ["build", "--workdir", str(wd)])
+    assert res.exit_code == 0, res.output
+    assert stats(wd)["last_run"]["counts"]["built"] == 0

@@ -1,0 +1,188 @@
+"""Wrappers: mined launchers, rule wrappers, bindability, op chains, and the batched build."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES, kernel, needs_nvcc
+
+from miner.candidate import Provenance
+from miner.stages import to_candidate
+from wrappers.batching import batch_source, split_label
+from wrappers.build import _blame
+from wrappers.label import render_label, unit_parts
+from wrappers.mined import LauncherIndex, mine_wrapper
+from wrappers.opmap import op_map
+from wrappers.rule import rule_wrapper
+from wrappers.signature import bindable, bindable_type, parse_signature
+
+OPCHAIN = FIXTURES / "opchain"
+
+
+@pytest.fixture(scope="module")
+def opchain():
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    disc = discover(OPCHAIN)
+    return disc, Extractor(disc), LauncherIndex(disc)
+
+
+def label_of(disc, extractor, index, name):
+    k = kernel(disc, name)
+    w = mine_wrapper(k, extractor, index)
+    assert w is not None, name
+    return w, render_label(
+        cand_id="t",
+        kernel=name,
+        strategy="mined",
+        launcher=w.chain[-1],
+        repo_url="r",
+        commit="c" * 40,
+        file=k.file,
+        line=k.line,
+        license="MIT",
+        includes=w.includes,
+        device_code=w.code,
+        host_code="",
+        functions=w.functions(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("type_text", "ok"),
+    [
+        ("Tensor", True),
+        ("const at::Tensor &", True),
+        ("std::vector<int64_t>", True),
+        ("c10::optional<at::Tensor>", True),
+        ("at::IntArrayRef", True),
+        ("float*", False),
+        ("cudaStream_t", False),
+        ("tv::TensorView<float>", False),
+        ("const int", True),
+    ],
+)
+def test_bindable_types(type_text, ok):
+    assert bindable_type(type_text) is ok
+
+
+def test_signature_parsing_templates_and_enums():
+    sig = parse_signature(
+        "template <unsigned NDim>\nstd::vector<torch::Tensor> Launch("
+        "torch::Tensor x, int64_t k = 3) {}",
+        "Launch",
+    )
+    assert sig.template and sig.returns == "std::vector<torch::Tensor>"
+    assert sig.params == [("torch::Tensor", "x"), ("int64_t", "k")]
+    assert not bindable(sig)
+    sig.template_args = "3"
+    assert bindable(sig) and sig.reference() == "&Launch<3>"
+    enum_sig = parse_signature("void f(const at::Tensor& x, const Mode m) {}", "f", ("ns",))
+    assert not bindable(enum_sig) and bindable(enum_sig, frozenset({"Mode"}))
+    assert "static_cast<Mode>(a1)" in enum_sig.reference(frozenset({"Mode"}))
+
+
+def test_mined_label_holds_launcher_kernel_and_binding(opchain):
+    w, label = label_of(*opchain, "square_kernel")
+    text = label.text
+    assert w.chain == ["SquareForwardCUDAKernelLauncher"]
+    for needed in (
+        "void SquareForwardCUDAKernelLauncher(Tensor x, Tensor y)",
+        "__global__ void square_kernel",
+        "#define THREADS 256",
+        "inline int blocks_for",
+        "using at::Tensor;",
+        "#include <c10/cuda/CUDAGuard.h>",
+        'm.def("SquareForwardCUDAKernelLauncher", &SquareForwardCUDAKernelLauncher)',
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)",
+    ):
+        assert needed in text, needed
+    assert "reduce_rows_kernel" not in text  # only what this launcher needs
+
+
+def test_enum_launcher_is_bound_through_an_int(opchain):
+    _, label = label_of(*opchain, "reduce_rows_kernel")
+    assert "int64_t a2) { ReduceRowsCUDAKernelLauncher(a0, a1, static_cast<Reduce>(a2)); }" in (
+        label.text
+    )
+    assert "enum class Reduce" in label.text
+
+
+def test_functor_launch_from_another_translation_unit(opchain):
+    w, label = label_of(*opchain, "shift_kernel")
+    assert w.chain == ["ShiftFunctor", "ShiftCUDAKernelLauncher"]
+    text = label.text
+    spec, launcher = (
+        text.index("struct ShiftFunctor<GPU, float>"),
+        text.index("Tensor ShiftCUDAKernelLauncher("),
+    )
+    assert text.index("template <typename Device, typename T> struct ShiftFunctor;") < spec
+    assert spec < launcher  # the specialization precedes its use
+    assert "__global__ void shift_kernel" in text
+
+
+def test_op_map_follows_the_registry_to_the_cpu_twin(opchain):
+    disc, _, index = opchain
+    m = op_map(disc, ["SquareForwardCUDAKernelLauncher"], index.callers)
+    assert m["dispatch_key"] == "square_forward_impl"
+    assert m["device_fn"] == "square_forward_cuda" and m["op_file"] == "ops/square.cpp"
+    assert (m["cpu_fn"], m["cpu_file"]) == ("square_forward_cpu", "ops/cpu/square.cpp")
+    assert m["python_name"] == "square_forward"
+
+
+def test_rule_wrapper_for_a_kernel_nobody_launches(traps, traps_extractor):
+    fk = kernel(traps, "legacy_norm_kernel")
+    assert not traps.launches[id(fk.kdef)]
+    cand = to_candidate(fk, traps, Provenance(repo_url="r", commit="c" * 40))
+    cand.unit.compiled_types = ["float"]
+    rule = rule_wrapper(cand)
+    assert rule is not None
+    assert "legacy_norm_kernel<<<blocks, threads, 0, stream>>>" in rule.host_code
+    assert "numel()" in rule.host_code and "TORCH_CHECK" in rule.host_code
+    _, device = unit_parts(traps_extractor.extract(fk, "t").unit.text)
+    assert "kminer_inst" not in device and "__global__ void legacy_norm_kernel" in device
+
+
+def test_no_rule_for_kernels_with_shapes(traps):
+    for name in ("block_sum_kernel", "gather_kernel", "poly_eval_kernel"):
+        cand = to_candidate(kernel(traps, name), traps, Provenance(repo_url="r", commit="c"))
+        assert rule_wrapper(cand) is None, name
+
+
+def test_batch_source_namespaces_bodies_and_hoists_includes(opchain):
+    _, a = label_of(*opchain, "square_kernel")
+    _, b = label_of(*opchain, "shift_kernel")
+    source, owners = batch_source([("aa", a.text), ("bb", b.text)], "kminer_batch")
+    assert source.count("#include <c10/cuda/CUDAGuard.h>") == 1
+    assert source.count("#include <torch/extension.h>") == 1
+    assert '#line 1 "kminer_aa.cu"\nnamespace kminer_aa {' in source
+    assert "#undef THREADS" in source  # macros do not leak into the next label
+    assert "kminer_bb::kminer_bind(s);" in source and "PYBIND11_MODULE(kminer_batch" in source
+    assert owners and all(ids <= {"aa", "bb"} for ids in owners.values())
+    _, body = split_label(a.text)
+    assert body.startswith("//") and "kminer_bind" in body and "PYBIND11_MODULE" not in body
+
+
+def test_blame_attributes_errors_to_labels():
+    log = (
+        'kminer_aa.cu(12): error: identifier "x" is undefined\n\n'
+        "torch/include/ATen/core/x.h(3): error: no instance of function\n"
+        "          detected during instantiation at line 40 of kminer_bb.cu\n"
+        "batch.cu:5:10: fatal error: missing.h: No such file or directory\n"
+    )
+    blamed = _blame(log, {5: {"cc"}})
+    assert set(blamed) == {"aa", "bb", "cc"}
+    assert blamed["aa"].startswith("label.cu(12): error: identifier")
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_batch_build_isolates_a_broken_label(opchain):
+    from wrappers.build import build_batch
+
+    _, good = label_of(*opchain, "square_kernel")
+    _, functor = label_of(*opchain, "shift_kernel")
+    broken = good.text.replace("int n = x.numel();", "int n = x.numel() + undefined_thing;")
+    results = build_batch([("good", good.text), ("functor", functor.text), ("broken", broken)])
+    assert results["good"].ok and results["functor"].ok, results
+    assert not results["broken"].ok and "undefined_thing" in results["broken"].detail

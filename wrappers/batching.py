@@ -1,0 +1,114 @@
+"""Many labels in one translation unit: the text side of kminer's batched builds.
+
+Kept free of kminer's other modules (standard library only) so that the same code runs on a
+GPU machine that has nothing but python and torch (benchmarks/label_build.py, the verification
+bundle).
+"""
+
+from __future__ import annotations
+
+import re
+
+BODY_BEGIN = "// kminer-label-body-begin"
+BODY_END = "// kminer-label-body-end"
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
+_MDEF = re.compile(r'\bm\.def\(\s*"(\w+)"')
+
+
+def split_label(text: str) -> tuple[list[str], str]:
+    """(include block lines, body) of a label rendered from prompts/label.cu.j2."""
+    head, _, rest = text.partition(BODY_BEGIN)
+    body, _, _ = rest.partition(BODY_END)
+    lines = head.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "torch/extension.h" in ln), -1) + 1
+    return [ln for ln in lines[start:] if ln.strip()], body.strip("\n")
+
+
+def _include_units(lines: list[str]) -> list[list[str]]:
+    """Include lines grouped so that an `#if ... #endif` block stays whole."""
+    units, group, depth = [], [], 0
+    for line in lines:
+        word = line.lstrip()[1:].lstrip().split(" ", 1)[0] if line.lstrip().startswith("#") else ""
+        if word.startswith("if"):
+            depth += 1
+        group.append(line)
+        if word == "endif":
+            depth -= 1
+        if depth == 0:
+            units.append(group)
+            group = []
+    return units + ([group] if group else [])
+
+
+def batch_source(
+    labels: list[tuple[str, str]], module: str | None = "kminer_batch", register: str | None = None
+) -> tuple[str, dict[int, set[str]]]:
+    """One translation unit for many labels; also which labels asked for each include line.
+
+    With `module` the unit defines that Python module (one submodule `c_<id>` per label); with
+    `register` it defines `void <register>(pybind11::module_&)` instead, so several units can
+    be linked into one extension whose module is defined elsewhere (see `module_source`)."""
+    out = ["#include <torch/extension.h>", "#define KMINER_BATCH 1"]
+    owners: dict[int, set[str]] = {}
+    placed: dict[str, range] = {}
+    bodies: list[tuple[str, str]] = []
+    for cid, text in labels:
+        includes, body = split_label(text)
+        for unit in _include_units(includes):
+            key = "\n".join(x.strip() for x in unit)
+            if key not in placed:
+                placed[key] = range(len(out) + 1, len(out) + len(unit) + 1)
+                out.extend(unit)
+            for line_no in placed[key]:
+                owners.setdefault(line_no, set()).add(cid)
+        bodies.append((cid, body))
+    for cid, body in bodies:
+        macros = sorted(set(_DEFINE.findall(body)))
+        body = _requalify(body, f"kminer_{cid}")
+        out += [
+            f'#line 1 "kminer_{cid}.cu"',
+            f"namespace kminer_{cid} {{",
+            body,
+            f"}}  // namespace kminer_{cid}",
+            *[f"#undef {m}" for m in macros],
+        ]
+    out.append(f'#line {sum(x.count(chr(10)) + 1 for x in out) + 2} "batch.cu"')
+    out.append(
+        f"void {register}(pybind11::module_& m) {{"
+        if register
+        else f"PYBIND11_MODULE({module}, m) {{"
+    )
+    out += [
+        f'  {{ auto s = m.def_submodule("c_{cid}"); kminer_{cid}::kminer_bind(s); }}'
+        for cid, _ in bodies
+    ]
+    out.append("}")
+    return "\n".join(out) + "\n", owners
+
+
+_NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
+
+
+def _requalify(body: str, outer: str) -> str:
+    """`::detail::x` names the global namespace; inside the label's namespace the body's own
+    top-level namespaces live under `outer`, so such references are pointed there."""
+    names = set(_NAMESPACE_LINE.findall(body))
+    if not names:
+        return body
+    pattern = re.compile(r"(?<![\w>:])::\s*(" + "|".join(map(re.escape, sorted(names))) + r")\s*::")
+    return pattern.sub(lambda m: f"::{outer}::{m.group(1)}::", body)
+
+
+def module_source(register_fns: list[str]) -> str:
+    """The C++ file that defines the extension module over several batch units."""
+    decls = "".join(f"void {fn}(pybind11::module_& m);\n" for fn in register_fns)
+    calls = "".join(f"  {fn}(m);\n" for fn in register_fns)
+    return (
+        f"#include <torch/extension.h>\n{decls}"
+        f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{calls}}}\n"
+    )
+
+
+def exposed_names(label_text: str) -> list[str]:
+    """Python names a label's binding defines (its `m.def("...")` calls)."""
+    return _MDEF.findall(split_label(label_text)[1])

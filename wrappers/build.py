@@ -1,0 +1,138 @@
+"""Build check of labels: nvcc with the flags `torch.utils.cpp_extension` uses, many labels per
+translation unit.
+
+A label includes <torch/extension.h>, whose parse costs ~90 s and ~3 GB per nvcc call here; one
+call per kernel (what KernelBench-style harnesses do) pays that for every kernel. We instead put a
+batch of labels into one translation unit, each body in its own namespace, so the torch headers
+are parsed once per batch. Errors are attributed to labels through `#line` markers; failing labels
+leave the batch and the rest is rebuilt, so one bad label never fails its neighbours.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from miner.compile import TORCH_NVCC_FLAGS, nvcc_path, torch_include_dirs
+from miner.includes import exists_on_system
+from wrappers.batching import batch_source
+
+_ERROR_START = re.compile(r"^(?:\S.*?)(?:\(\d+\)|:\d+:\d+): (?:catastrophic |fatal )?error", re.M)
+
+
+@dataclass
+class BuildResult:
+    ok: bool
+    detail: str  # first error line, or "" when ok
+    log: str
+    seconds: float  # this label's share of the nvcc wall time
+
+
+@functools.cache
+def build_flags() -> tuple[str, ...]:
+    """What cpp_extension passes to nvcc for a CUDA extension (include dirs, defines, arch)."""
+    shims = Path(str(resources.files("miner") / "stubs"))
+    incs = list(torch_include_dirs())
+    if not exists_on_system("cublas_v2.h"):  # compile-only machine without CUDA math libraries
+        incs.append(str(shims / "cuda_libs_shim"))
+    incs.append(sysconfig.get_paths()["include"])
+    abi = 1
+    try:  # the ABI flag torch was built with (importing torch only for this, once)
+        import torch
+
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    except Exception:  # pragma: no cover - torch is a dependency
+        pass
+    return (
+        *[f"-I{d}" for d in incs],
+        *TORCH_NVCC_FLAGS,
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-std=c++17",
+        "-arch=sm_90",
+        "-Xcompiler",
+        "-fPIC",
+        "-w",
+    )
+
+
+def _blame(log: str, include_owner: dict[int, set[str]]) -> dict[str, str]:
+    """label id → its first error line, for every label an error mentions."""
+    blamed: dict[str, str] = {}
+    starts = [m.start() for m in _ERROR_START.finditer(log)] + [len(log)]
+    for a, b in itertools.pairwise(starts):
+        block = log[a:b]
+        first = " ".join(block.splitlines()[0].split())
+        ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block))
+        m = re.match(r"batch\.cu[(:](\d+)", block)
+        if m:
+            ids |= include_owner.get(int(m.group(1)), set())
+        for cid in ids:
+            blamed.setdefault(cid, re.sub(r"^\S*kminer_\w+?\.cu", "label.cu", first)[:300])
+    return blamed
+
+
+def _nvcc(source: str, timeout: float) -> tuple[int | None, str, float]:
+    with tempfile.TemporaryDirectory(prefix="kminer-build-") as tmp:
+        src = Path(tmp) / "batch.cu"
+        src.write_text(source, encoding="latin-1", errors="replace")
+        cmd = [nvcc_path() or "nvcc", "-c", *build_flags(), str(src), "-o", str(Path(tmp) / "b.o")]
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return None, f"nvcc timed out after {timeout:.0f} s", time.perf_counter() - start
+        log = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+        return proc.returncode, log.replace(str(src), "batch.cu"), time.perf_counter() - start
+
+
+def build_batch(
+    labels: list[tuple[str, str]], timeout: float = 1800, module: str = "kminer_batch"
+) -> dict[str, BuildResult]:
+    """Compile-check labels together; return one verdict per label id."""
+    results: dict[str, BuildResult] = {}
+    pending = list(labels)
+    while pending:
+        source, owners = batch_source(pending, module)
+        code, log, seconds = _nvcc(source, timeout)
+        share = seconds / len(pending)
+        if code == 0:
+            for cid, _ in pending:
+                results[cid] = BuildResult(True, "", "", share)
+            break
+        blamed = {} if code is None else _blame(log, owners)
+        blamed = {cid: d for cid, d in blamed.items() if any(cid == p for p, _ in pending)}
+        if not blamed:
+            if len(pending) == 1:
+                cid = pending[0][0]
+                first = next((ln for ln in log.splitlines() if "error" in ln), log[:300])
+                results[cid] = BuildResult(False, " ".join(first.split())[:300], log, seconds)
+                break
+            half = len(pending) // 2
+            for part in (pending[:half], pending[half:]):
+                results.update(build_batch(part, timeout, module))
+            break
+        for cid, detail in blamed.items():
+            results[cid] = BuildResult(False, detail, log, share)
+        pending = [(cid, text) for cid, text in pending if cid not in blamed]
+    return results
+
+
+def main(argv: list[str]) -> int:  # pragma: no cover - a debugging aid
+    labels = [(Path(p).stem.replace("-", "_"), Path(p).read_text("latin-1")) for p in argv]
+    for cid, r in build_batch(labels).items():
+        print(cid, "ok" if r.ok else f"error: {r.detail}", f"{r.seconds:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

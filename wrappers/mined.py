@@ -1,0 +1,190 @@
+"""The repository's own launcher as the wrapper: the host function that launches the kernel.
+
+From a kernel's launch sites we take the enclosing host function. If pybind can bind its
+signature we expose it as is; otherwise we climb to the functions that call it (mmcv: the
+`*_cuda` wrappers over `...KernelLauncher`, spconv: the `...Launcher` over a functor) until one
+can be bound. The label holds the closure of that function: launcher, kernels, helpers and the
+repository's own torch includes, exactly as the repository compiles them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from miner.closure import Closure, compute_closure
+from miner.discover import Discovery, FoundKernel
+from miner.extract import Extractor
+from miner.filemodel import Item
+from miner.linearize import Entry
+from miner.unit import render_host_code
+from wrappers.label import Exposed
+from wrappers.signature import Signature, bindable, parse_signature
+
+SITE_PREFERENCE = {"chevron": 0, "launch_api": 1, "address": 2, "macro": 3, "reference": 4}
+TU_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
+HOST_SUFFIXES = (*TU_SUFFIXES, ".h", ".hpp", ".cuh")
+
+
+@dataclass
+class MinedWrapper:
+    launcher: Item  # the host code containing the launch (function or functor struct)
+    exposed: list[Signature]
+    includes: list[str]
+    code: str
+    chain: list[str] = field(default_factory=list)  # launcher → ... → exposed, by name
+
+    enums: frozenset[str] = frozenset()
+
+    def functions(self) -> list[Exposed]:
+        return [Exposed(s.name, s.reference(self.enums)) for s in self.exposed]
+
+
+class LauncherIndex:
+    """Host functions and who calls whom, by name, over the whole repository."""
+
+    def __init__(self, disc: Discovery) -> None:
+        self.disc = disc
+        self.callers: dict[str, list[Item]] = {}
+        enums: set[str] = set()
+        for model in disc.models.values():
+            for item in model.items:
+                if item.kind in ("type", "typedef") and item.names and _is_enum(model, item):
+                    enums.add(item.names[0] if item.kind == "type" else item.names[-1])
+                if item.kind in ("function", "macro_use") and not item.device:
+                    for ref in item.refs:
+                        self.callers.setdefault(ref, []).append(item)
+        self.enums = frozenset(enums)
+
+    def enclosing(self, file: str, line: int) -> Item | None:
+        """The top-level host item (function, or struct holding a functor) around a line."""
+        model = self.disc.models.get(file)
+        if model is None:
+            return None
+        best = None
+        for item in model.items:
+            if item.kind not in ("function", "type", "macro_use") or item.device:
+                continue
+            first, last = item.line, model.lines.line(max(item.start, item.end - 1))
+            if first <= line <= last and (best is None or item.start > best.start):
+                best = item
+        return best
+
+    def signature(self, item: Item) -> Signature | None:
+        if item.kind != "function" or not item.names:
+            return None
+        code = self.disc.models[item.file].code[item.start : item.end]
+        sig = parse_signature(code, item.names[0], item.namespace)
+        if sig is not None and sig.template:
+            sig.template_args = self.instantiation(item.names[0])
+        return sig
+
+    def instantiation(self, name: str) -> str:
+        """Template arguments the repository itself uses for a function template: from an
+        explicit instantiation or a call with constant arguments."""
+        pattern = re.compile(rf"\b{re.escape(name)}\s*<([^<>;{{}}()]*)>\s*\(")
+        for model in self.disc.models.values():
+            if name not in model.code:
+                continue
+            for m in pattern.finditer(model.code):
+                args = m.group(1).strip()
+                if (
+                    args
+                    and re.fullmatch(r"[\w\s,:]+", args)
+                    and not re.search(r"\b[A-Z][a-z]\w*\b|\b[a-z_]\w*_t\b|NDim|\bT\b", args)
+                ):
+                    return args
+        return ""
+
+
+def _is_enum(model, item: Item) -> bool:
+    head = model.code[item.start : item.end].split("{", 1)[0].split()
+    return bool(head) and (head[0] == "enum" or head[:2] == ["typedef", "enum"])
+
+
+def launcher_candidates(fk: FoundKernel, disc: Discovery, index: LauncherIndex) -> list[Item]:
+    sites = sorted(
+        disc.launches.get(id(fk.kdef), []),
+        key=lambda s: (SITE_PREFERENCE.get(s.kind, 9), not s.file.endswith(TU_SUFFIXES)),
+    )
+    found: list[Item] = []
+    for site in sites:
+        item = index.enclosing(site.file, site.line)
+        if item is not None and item not in found and item is not fk.kdef.item:
+            found.append(item)
+    return found
+
+
+def exposed_for(
+    launcher: Item, index: LauncherIndex, depth: int = 3
+) -> tuple[Item, list[str]] | None:
+    """The launcher itself if bindable, else the nearest bindable caller (breadth first)."""
+    frontier = [(launcher, [launcher.names[0] if launcher.names else "?"])]
+    seen = {id(launcher)}
+    for _ in range(depth + 1):
+        nxt = []
+        for item, chain in frontier:
+            sig = index.signature(item)
+            if sig is not None and bindable(sig, index.enums):
+                return item, chain
+            for name in item.names[:1]:
+                for caller in _nearest_first(index.callers.get(name, []), launcher.file):
+                    if id(caller) not in seen and caller.file.endswith(HOST_SUFFIXES):
+                        seen.add(id(caller))
+                        nxt.append((caller, [*chain, caller.names[0] if caller.names else "?"]))
+        frontier = nxt
+    return None
+
+
+def _nearest_first(items: list[Item], file: str) -> list[Item]:
+    """Callers sharing the longest folder prefix with `file` first (the same backend)."""
+    here = file.split("/")
+
+    def shared(item: Item) -> int:
+        n = 0
+        for a, b in zip(here, item.file.split("/"), strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
+
+
+def _merge(primary: Closure, extra: list[Entry], root: Item) -> list[Entry]:
+    """Entries of another translation unit (link-time definitions) go right before `root`."""
+    have = {id(e.item) for e in primary.entries}
+    inserted = [e for e in extra if id(e.item) not in have]
+    out: list[Entry] = []
+    for e in primary.entries:
+        if e.item is root:
+            out.extend(inserted)
+            inserted = []
+        out.append(e)
+    return out + inserted
+
+
+def mine_wrapper(
+    fk: FoundKernel, extractor: Extractor, index: LauncherIndex
+) -> MinedWrapper | None:
+    disc = extractor.disc
+    for launcher in launcher_candidates(fk, disc, index):
+        found = exposed_for(launcher, index)
+        if found is None:
+            continue
+        exposed, chain = found
+        linear = extractor.linearizer.linear(exposed.file)
+        closure = compute_closure(exposed, linear)
+        if not any(e.item is fk.kdef.item for e in closure.entries):
+            # the launcher lives in another translation unit: link its closure in
+            other = compute_closure(launcher, extractor.linearizer.linear(launcher.file))
+            if not any(e.item is fk.kdef.item for e in other.entries):
+                continue
+            closure.entries = _merge(closure, other.entries, exposed)
+            closure.externals = closure.externals + [
+                x for x in other.externals if x not in closure.externals
+            ]
+        includes, code = render_host_code(closure, disc.models)
+        sig = index.signature(exposed)
+        return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
+    return None

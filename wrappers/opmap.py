@@ -1,0 +1,85 @@
+"""The repository's own path from a kernel to its public op, recorded for the test stage.
+
+mmcv: kernel → `ROIAlignForwardCUDAKernelLauncher` → `roi_align_forward_cuda` (cudabind.cpp) →
+`REGISTER_DEVICE_IMPL(roi_align_forward_impl, CUDA, ...)` → `roi_align_forward_impl` (the op
+.cpp) with `REGISTER_DEVICE_IMPL(roi_align_forward_impl, CPU, roi_align_forward_cpu)` as the CPU
+twin. pytorch_scatter: `scatter_cuda` ↔ `scatter_cpu` by name. Tests use the CPU side as a
+reference, so finding it here saves them guessing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from miner.discover import Discovery
+from miner.filemodel import Item
+
+_REGISTER = re.compile(r"\b(REGISTER_\w*IMPL\w*)\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
+_PYDEF = re.compile(r"\bm\.def\s*\(\s*\"(\w+)\"\s*,\s*&?\s*([\w:]+)")
+_TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
+
+
+def _functions(disc: Discovery) -> dict[str, list[Item]]:
+    out: dict[str, list[Item]] = {}
+    for model in disc.models.values():
+        for item in model.items:
+            if item.kind == "function" and item.names:
+                out.setdefault(item.names[0], []).append(item)
+    return out
+
+
+def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
+    """Everything known about the op around `chain` (launcher first, exposed function last)."""
+    functions = _functions(disc)
+    names = list(dict.fromkeys(chain))
+    frontier = list(names)
+    for _ in range(3):  # callers further up: *_cuda wrappers, registries
+        nxt = []
+        for name in frontier:
+            for caller in callers.get(name, []):
+                if caller.kind == "function" and caller.names and caller.names[0] not in names:
+                    names.append(caller.names[0])
+                    nxt.append(caller.names[0])
+        frontier = nxt
+    registrations = []
+    bindings = {}
+    for rel, model in disc.models.items():
+        code = model.code
+        if "REGISTER_" in code:
+            registrations += [
+                (m.group(2), m.group(3), m.group(4), rel) for m in _REGISTER.finditer(code)
+            ]
+        if "m.def" in code:  # names are string literals: read the text, not the blanked code
+            bindings.update(
+                {m.group(2).split("::")[-1]: m.group(1) for m in _PYDEF.finditer(model.text)}
+            )
+    result: dict = {"launcher": chain[0] if chain else "", "chain": names}
+    for key, device, fn, rel in registrations:
+        if fn in names and device.upper() == "CUDA":
+            result.update(dispatch_key=key, device_fn=fn, registered_in=rel)
+            op_def = functions.get(key, [])
+            if op_def:
+                result["op_file"] = op_def[0].file
+            break
+    key = result.get("dispatch_key")
+    cpu = [(fn, rel) for k, dev, fn, rel in registrations if key and k == key and dev == "CPU"]
+    if not cpu:
+        for name in names:
+            for a, b in _TWINS:
+                twin = name.replace(a, b)
+                if twin != name and twin in functions:
+                    cpu.append((twin, functions[twin][0].file))
+                    break
+            if cpu:
+                break
+    if cpu:
+        fn = cpu[0][0]
+        result.update(cpu_fn=fn, cpu_file=functions[fn][0].file if fn in functions else cpu[0][1])
+    public = [bindings[n] for n in names if n in bindings]
+    if key:
+        public += [
+            bindings[c.names[0]] for c in callers.get(key, []) if c.names and c.names[0] in bindings
+        ]
+    if public:
+        result["python_name"] = public[0]
+    return result

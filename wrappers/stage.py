@@ -1,0 +1,301 @@
+"""The wrap and build stages: a label per kernel (mined → rule → LLM), then its build check.
+
+Wrap results are keyed by the code that made them and the label's hash; build verdicts by the
+label's hash, the compiler and the torch headers. A rerun therefore re-renders nothing it has and
+compiles nothing it has already judged.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from miner.candidate import Candidate, Reason, Stage, StageResult, Status
+from miner.compile import nvcc_path, nvcc_version
+from miner.stages import matches
+from wrappers.build import BuildResult, build_batch, build_flags
+from wrappers.label import Label, render_label, unit_parts
+from wrappers.mined import LauncherIndex, mine_wrapper
+from wrappers.opmap import op_map
+from wrappers.rule import TEMPLATE_ID as RULE_TEMPLATE
+from wrappers.rule import rule_wrapper
+
+if TYPE_CHECKING:
+    from miner.pipeline import RunContext
+
+log = logging.getLogger(__name__)
+_WRAP_MODULES = (
+    "build.py",
+    "label.py",
+    "mined.py",
+    "opmap.py",
+    "rule.py",
+    "signature.py",
+    "stage.py",
+)
+
+
+def wrapper_version() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in _WRAP_MODULES:
+        h.update((here / name).read_bytes())
+    for template in sorted((here.parent / "prompts").glob("*.j2")):
+        h.update(template.read_bytes())
+    from miner.pipeline import extractor_version
+
+    return hashlib.sha256((h.hexdigest() + extractor_version()).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _batcher_hash() -> str:
+    here = Path(__file__).parent
+    return hashlib.sha256(
+        (here / "batching.py").read_bytes() + (here / "build.py").read_bytes()
+    ).hexdigest()[:12]
+
+
+def build_key(label_hash: str) -> str:
+    """A verdict depends on the label, the compiler, its flags and how kminer batches labels."""
+    blob = "\0".join([nvcc_version(), " ".join(build_flags()), _batcher_hash(), label_hash])
+    return "build-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Label | None, str]:
+    """(label, strategy or why none): mined first, then the rule, else nothing (LLM later)."""
+    fk = ctx.found[cand.id]
+    prov = cand.provenance
+    common = dict(
+        cand_id=cand.id,
+        kernel=cand.kernel.name,
+        repo_url=prov.repo_url,
+        commit=prov.commit,
+        file=cand.kernel.file,
+        line=cand.kernel.line,
+        license=prov.license,
+    )
+    mined = mine_wrapper(fk, extractor, index)
+    if mined is not None:
+        cand.wrapper.launcher = mined.chain[0]
+        cand.wrapper.chain = mined.chain
+        cand.wrapper.op_map = op_map(ctx.discovery, mined.chain, index.callers)
+        label = render_label(
+            strategy="mined",
+            launcher=mined.chain[-1],
+            includes=mined.includes,
+            device_code=mined.code,
+            host_code="",
+            functions=mined.functions(),
+            **common,
+        )
+        return label, "mined"
+    compiled = cand.stage(Stage.COMPILE)
+    if compiled is None or compiled.status != Status.OK:
+        return None, "no_unit"
+    rule = rule_wrapper(cand)
+    if rule is None:
+        return None, "no_rule"
+    includes, device = unit_parts((ctx.workdir / cand.unit.path).read_text("latin-1"))
+    label = render_label(
+        strategy="rule",
+        launcher="",
+        includes=includes,
+        device_code=device,
+        host_code=rule.host_code,
+        functions=rule.functions,
+        **common,
+    )
+    cand.wrapper.template_id = RULE_TEMPLATE
+    return label, "rule"
+
+
+def run_wrap(ctx: RunContext, cands: list[Candidate]) -> None:
+    from miner.extract import Extractor
+
+    version = wrapper_version()
+    todo = []
+    for cand in cands:
+        done = cand.stage(Stage.WRAP)
+        label_file = ctx.workdir / cand.wrapper.label_path if cand.wrapper.label_path else None
+        if not matches(cand, ctx.cfg.filter):
+            continue
+        if (
+            not ctx.cfg.redo
+            and done is not None
+            and done.key == version
+            and (done.status != Status.OK or (label_file and label_file.exists()))
+            and not (done.reason == Reason.NEEDS_LLM and ctx.llm is not None)
+        ):
+            continue
+        todo.append(cand)
+    ctx.progress.start(Stage.WRAP.value, len(todo))
+    if not todo:
+        ctx.progress.end(Stage.WRAP.value)
+        return
+    ctx.ensure_discovery()
+    extractor, index = Extractor(ctx.discovery), LauncherIndex(ctx.discovery)
+    labels = ctx.workdir / "labels"
+    labels.mkdir(exist_ok=True)
+    waiting = 0
+    for cand in todo:
+        start = time.perf_counter()
+        try:
+            label, why = _label_for(ctx, cand, extractor, index)
+            if label is None and ctx.llm is not None:
+                label, why = _llm_label(ctx, cand)
+        except Exception as exc:  # one broken candidate never stops the stage
+            log.exception("wrap failed for %s", cand.id)
+            label, why = None, f"error: {type(exc).__name__}: {exc}"
+        if label is None:
+            status, reason = (
+                (Status.SKIPPED, Reason.NEEDS_LLM)
+                if not why.startswith(("error", "llm"))
+                else (Status.ERROR, Reason.LLM_FAILED)
+            )
+            waiting += reason == Reason.NEEDS_LLM
+            cand.set_stage(
+                Stage.WRAP, StageResult(status=status, reason=reason, detail=why, key=version)
+            )
+        else:
+            path = labels / f"{cand.id}.cu"
+            data = label.text.encode("latin-1", errors="replace")
+            if not path.exists() or path.read_bytes() != data:
+                path.write_bytes(data)
+            cand.wrapper.strategy = label.strategy
+            cand.wrapper.functions = [f.name for f in label.functions]
+            cand.wrapper.label_path = str(path.relative_to(ctx.workdir))
+            cand.wrapper.label_hash = label.hash
+            cand.set_stage(
+                Stage.WRAP,
+                StageResult(
+                    status=Status.OK,
+                    detail=label.strategy,
+                    key=version,
+                    seconds=time.perf_counter() - start,
+                ),
+            )
+        ctx.store.save(cand, ctx.repo_id)
+        ctx.progress.advance(Stage.WRAP.value)
+    ctx.counters["waiting_for_llm"] = waiting
+    ctx.progress.end(Stage.WRAP.value)
+
+
+def _llm_label(ctx: RunContext, cand: Candidate) -> tuple[Label | None, str]:
+    from wrappers.llm.flow import wrap_with_llm
+
+    unit_text = (ctx.workdir / cand.unit.path).read_text("latin-1")
+    result = wrap_with_llm(
+        cand,
+        unit_text,
+        client=ctx.llm,
+        store=ctx.store,
+        build=lambda cid, text: cached_build(ctx, cid, text),
+        max_attempts=ctx.cfg.max_attempts,
+    )
+    cand.wrapper.template_id = result.template_id
+    cand.wrapper.template_hash = result.template_hash
+    cand.wrapper.attempts = result.attempts
+    if result.label is None:
+        return None, f"llm: {result.reason.value if result.reason else 'failed'}: {result.detail}"
+    return result.label, "llm"
+
+
+def cached_build(ctx: RunContext, cid: str, text: str) -> BuildResult:
+    """One label's build check through the build cache (the LLM reflection loop uses it)."""
+    label = Label(text, "")
+    key = build_key(label.hash)
+    hit = None if ctx.cfg.redo else ctx.store.cached_compile(key)
+    if hit is not None:
+        return BuildResult(hit.status == "ok", hit.detail, hit.log, 0.0)
+    result = build_batch([(cid, text)], timeout=ctx.cfg.build_timeout)[cid]
+    _remember(ctx, key, result)
+    return result
+
+
+def _remember(ctx: RunContext, key: str, r: BuildResult) -> None:
+    ctx.store.put_compile(
+        key,
+        status="ok" if r.ok else "error",
+        reason=None if r.ok else Reason.BUILD_ERROR.value,
+        detail=r.detail,
+        compiled_types=[],
+        text="",
+        log=r.log[-20000:],
+        seconds=r.seconds,
+    )
+
+
+def _apply_build(
+    ctx: RunContext, cand: Candidate, key: str, ok: bool, detail: str, seconds: float, log_text: str
+) -> None:
+    if log_text:
+        logs = ctx.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        (logs / f"{cand.id}.build.log").write_text(log_text, encoding="utf-8")
+    reason = None
+    if not ok:
+        reason = Reason.BUILD_TIMEOUT if "timed out" in detail else Reason.BUILD_ERROR
+    cand.set_stage(
+        Stage.BUILD,
+        StageResult(
+            status=Status.OK if ok else Status.ERROR,
+            reason=reason,
+            detail=detail,
+            key=key,
+            seconds=seconds,
+        ),
+    )
+    ctx.store.save(cand, ctx.repo_id)
+
+
+def run_build(ctx: RunContext, cands: list[Candidate]) -> None:
+    """Build-check labels in batches (one torch-header parse per batch), batches in parallel."""
+    todo: list[tuple[Candidate, str, str]] = []
+    for cand in cands:
+        wrap = cand.stage(Stage.WRAP)
+        if not matches(cand, ctx.cfg.filter) or wrap is None or wrap.status != Status.OK:
+            continue
+        key = build_key(cand.wrapper.label_hash)
+        done = cand.stage(Stage.BUILD)
+        if not ctx.cfg.redo and done is not None and done.key == key:
+            continue
+        hit = None if ctx.cfg.redo else ctx.store.cached_compile(key)
+        if hit is not None:
+            _apply_build(ctx, cand, key, hit.status == "ok", hit.detail, hit.seconds, hit.log)
+            continue
+        todo.append((cand, key, (ctx.workdir / cand.wrapper.label_path).read_text("latin-1")))
+    ctx.counters["built"] = len(todo)
+    ctx.progress.start(Stage.BUILD.value, len(todo))
+    if not todo:
+        ctx.progress.end(Stage.BUILD.value)
+        return
+    if nvcc_path() is None:
+        for cand, _key, _ in todo:
+            cand.set_stage(
+                Stage.BUILD, StageResult(status=Status.SKIPPED, reason=Reason.NO_COMPILER, key="")
+            )
+            ctx.store.save(cand, ctx.repo_id)
+        ctx.progress.end(Stage.BUILD.value)
+        return
+    size = max(1, ctx.cfg.batch_size)
+    batches = [todo[i : i + size] for i in range(0, len(todo), size)]
+    by_id = {cand.id: (cand, key) for cand, key, _ in todo}
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(ctx.cfg.build_jobs, len(batches)))) as pool:
+        futures = [
+            pool.submit(build_batch, [(c.id, t) for c, _, t in batch], ctx.cfg.build_timeout)
+            for batch in batches
+        ]
+        for fut in as_completed(futures):
+            for cid, r in fut.result().items():
+                cand, key = by_id[cid]
+                _remember(ctx, key, r)
+                _apply_build(ctx, cand, key, r.ok, r.detail, r.seconds, r.log)
+                ctx.progress.advance(Stage.BUILD.value)
+    ctx.counters["build_wall_ms"] = int((time.perf_counter() - start) * 1000)
+    ctx.progress.end(Stage.BUILD.value)
