@@ -187,10 +187,16 @@ BuildJobsOpt = Annotated[
 ]
 
 
-def _llm_mode(llm: str | None) -> str:
+def _llm_mode(llm: str | None, base_url: str | None = None) -> str:
+    """none | openai; a broken LLM setup stops before any work starts."""
+    has_endpoint = bool(
+        base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")
+    )
     mode = llm or ("openai" if os.environ.get("OPENAI_BASE_URL") else "none")
     if mode not in ("none", "openai"):
         raise _fail(f"unknown --llm {mode!r}; choose none or openai", 2)
+    if mode == "openai" and not has_endpoint:
+        raise _fail("--llm openai needs an endpoint: set OPENAI_BASE_URL or --llm-base-url", 2)
     return mode
 
 
@@ -273,7 +279,7 @@ def mine(
         db_url=db,
         max_file_bytes=max_file_kb * 1024,
         compile_timeout=compile_timeout,
-        llm=_llm_mode(llm),
+        llm=_llm_mode(llm, llm_base_url),
         model=model,
         llm_base_url=llm_base_url,
         max_attempts=max_attempts,
@@ -307,7 +313,7 @@ def wrap(
         filter=filter,
         redo=redo,
         db_url=db,
-        llm=_llm_mode(llm),
+        llm=_llm_mode(llm, llm_base_url),
         model=model,
         llm_base_url=llm_base_url,
         max_attempts=max_attempts,

@@ -220,3 +220,76 @@ def test_build_stage_checks_labels_once(tmp_path):
     res = runner.invoke(app, ["build", "--workdir", str(wd)])
     assert res.exit_code == 0, res.output
     assert stats(wd)["last_run"]["counts"]["built"] == 0
+
+
+def test_unreachable_llm_endpoint_fails_one_candidate_not_the_run(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = git_repo(tmp_path / "w", WRAPPABLE)
+    wd = tmp_path / "run"
+    res = mine(
+        str(repo),
+        "--workdir",
+        str(wd),
+        "--stages",
+        "discover,closure,wrap",
+        "--filter",
+        "*transpose*",
+        "--llm",
+        "openai",
+        "--llm-base-url",
+        f"http://127.0.0.1:{port}/v1",
+    )
+    assert res.exit_code == 0, res.output
+    wrap = {r["kernel"]: r for r in candidates(wd)}["transpose_kernel"]["stages"]["wrap"]
+    assert wrap["status"] == "error" and wrap["reason"] == "llm_failed"
+    assert "\n" not in wrap["detail"] and wrap["detail"]
+
+
+def test_llm_needs_an_endpoint(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    repo = git_repo(tmp_path / "w", WRAPPABLE)
+    res = mine(
+        str(repo),
+        "--workdir",
+        str(tmp_path / "run"),
+        "--stages",
+        "discover,wrap",
+        "--llm",
+        "openai",
+    )
+    assert res.exit_code == 2
+    assert "OPENAI_BASE_URL" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_llm_wrapper_through_the_pipeline_then_rerun_is_free(tmp_path):
+    from llm_server import FakeLLM, load
+
+    repo = git_repo(tmp_path / "w", WRAPPABLE)
+    wd = tmp_path / "run"
+    args = [str(repo), "--workdir", str(wd), "--filter", "*transpose*", "--llm", "openai"]
+    with FakeLLM(load("transpose_kernel")) as llm:
+        res = mine(*args, "--llm-base-url", llm.base_url)
+        assert res.exit_code == 0, res.output
+        row = {r["kernel"]: r for r in candidates(wd)}["transpose_kernel"]
+        assert row["strategy"] == "llm"
+        assert row["stages"]["wrap"]["status"] == "ok"
+        assert row["stages"]["build"]["status"] == "ok"
+        label = (wd / row["label"]).read_text()
+        assert "torch::Tensor transpose_forward(torch::Tensor x)" in label
+        assert 'm.def("forward", &transpose_forward' in label
+        counts = stats(wd)["last_run"]["counts"]
+        assert counts["built"] == 0  # the reflection loop's build verdict was reused
+        assert counts["llm_calls"] == 2
+        calls = len(llm.requests)
+        res = mine(*args, "--llm-base-url", llm.base_url, "--redo")
+        assert res.exit_code == 0, res.output
+        assert len(llm.requests) == calls  # answers come from the cache
+        counts = stats(wd)["last_run"]["counts"]
+        assert counts.get("llm_calls", 0) == 0 and counts["llm_cache_hits"] == 2

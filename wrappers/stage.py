@@ -41,10 +41,13 @@ _WRAP_MODULES = (
 
 
 def wrapper_version() -> str:
+    """Hash of the code and prompts that make labels: new code rewraps, the same does not."""
     h = hashlib.sha256()
     here = Path(__file__).parent
     for name in _WRAP_MODULES:
         h.update((here / name).read_bytes())
+    for module in sorted((here / "llm").glob("*.py")):
+        h.update(module.read_bytes())
     for template in sorted((here.parent / "prompts").glob("*.j2")):
         h.update(template.read_bytes())
     from miner.pipeline import extractor_version
@@ -152,11 +155,7 @@ def run_wrap(ctx: RunContext, cands: list[Candidate]) -> None:
             log.exception("wrap failed for %s", cand.id)
             label, why = None, f"error: {type(exc).__name__}: {exc}"
         if label is None:
-            status, reason = (
-                (Status.SKIPPED, Reason.NEEDS_LLM)
-                if not why.startswith(("error", "llm"))
-                else (Status.ERROR, Reason.LLM_FAILED)
-            )
+            status, reason = _why_not(why)
             waiting += reason == Reason.NEEDS_LLM
             cand.set_stage(
                 Stage.WRAP, StageResult(status=status, reason=reason, detail=why, key=version)
@@ -185,8 +184,24 @@ def run_wrap(ctx: RunContext, cands: list[Candidate]) -> None:
     ctx.progress.end(Stage.WRAP.value)
 
 
+def _why_not(why: str) -> tuple[Status, Reason]:
+    """Status and reason of a candidate that got no label, from the explanation it got."""
+    if why.startswith("llm:"):
+        name = why.split(":")[1].strip()
+        known = name in {r.value for r in Reason}
+        return Status.ERROR, Reason(name) if known else Reason.LLM_FAILED
+    if why.startswith("error"):
+        return Status.ERROR, Reason.LLM_FAILED
+    return Status.SKIPPED, Reason.NEEDS_LLM
+
+
 def _llm_label(ctx: RunContext, cand: Candidate) -> tuple[Label | None, str]:
+    """The LLM path; its build checks go through the cache the build stage reads."""
+    from wrappers.llm.compiler import cached_build
     from wrappers.llm.flow import wrap_with_llm
+
+    def build(cid: str, text: str) -> BuildResult:
+        return build_batch([(cid, text)], timeout=ctx.cfg.build_timeout)[cid]
 
     unit_text = (ctx.workdir / cand.unit.path).read_text("latin-1")
     result = wrap_with_llm(
@@ -194,27 +209,16 @@ def _llm_label(ctx: RunContext, cand: Candidate) -> tuple[Label | None, str]:
         unit_text,
         client=ctx.llm,
         store=ctx.store,
-        build=lambda cid, text: cached_build(ctx, cid, text),
+        build=cached_build(build, ctx.store),
         max_attempts=ctx.cfg.max_attempts,
     )
     cand.wrapper.template_id = result.template_id
     cand.wrapper.template_hash = result.template_hash
     cand.wrapper.attempts = result.attempts
     if result.label is None:
-        return None, f"llm: {result.reason.value if result.reason else 'failed'}: {result.detail}"
+        reason = result.reason.value if result.reason else Reason.LLM_FAILED.value
+        return None, f"llm: {reason}: {result.detail}"
     return result.label, "llm"
-
-
-def cached_build(ctx: RunContext, cid: str, text: str) -> BuildResult:
-    """One label's build check through the build cache (the LLM reflection loop uses it)."""
-    label = Label(text, "")
-    key = build_key(label.hash)
-    hit = None if ctx.cfg.redo else ctx.store.cached_compile(key)
-    if hit is not None:
-        return BuildResult(hit.status == "ok", hit.detail, hit.log, 0.0)
-    result = build_batch([(cid, text)], timeout=ctx.cfg.build_timeout)[cid]
-    _remember(ctx, key, result)
-    return result
 
 
 def _remember(ctx: RunContext, key: str, r: BuildResult) -> None:
