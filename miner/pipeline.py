@@ -213,9 +213,8 @@ def run_wrap_and_build(ctx: RunContext) -> None:
 def make_llm_client(cfg: MineConfig, store):
     if cfg.llm == "none":
         return None
-    from wrappers.llm.client import client_from_env
-
     from miner.errors import SetupError
+    from wrappers.llm.client import client_from_env
 
     client = client_from_env(store, base_url=cfg.llm_base_url, model=cfg.model)
     if client is None:
