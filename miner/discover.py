@@ -23,7 +23,7 @@ from miner.macro_kernels import (
     name_macro_uses,
 )
 from miner.sources import Inventory, scan_tree
-from miner.textprep import blank_comments_and_strings, decode, first_branch_view
+from miner.textprep import blank_comments_and_strings, decode, first_branch_view, split_top
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def token_scan_kernel(model: FileModel, pos: int, view: str | None = None) -> Ke
     end = _close_conditionals(model.code, pos, end)
     start = _template_start(code, pos)
     params = []
-    for ptext in _split_top(code[i + 1 : close - 1]):
+    for ptext in split_top(code[i + 1 : close - 1]):
         words = re.findall(r"[A-Za-z_]\w*", ptext)
         pname = words[-1] if len(words) > 1 else ""
         ptype = ptext[: ptext.rfind(pname)].strip() if pname else ptext
@@ -301,23 +301,6 @@ def _match(code: str, i: int, op: str, cl: str) -> int | None:
             if depth == 0:
                 return j + 1
     return None
-
-
-def _split_top(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "(<[{":
-            depth += 1
-        elif ch in ")>]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
 
 
 def _template_start(code: str, pos: int) -> int:

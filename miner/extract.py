@@ -14,6 +14,7 @@ from miner.discover import Discovery, FoundKernel
 from miner.includes import IncludeResolver
 from miner.launches import include_graph, reachable
 from miner.linearize import Linearizer
+from miner.textprep import split_top
 from miner.unit import RenderedUnit, render_unit
 
 TU_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
@@ -53,7 +54,7 @@ class Extractor:
         item = kernel.kdef.item
         closure = compute_closure(item, linear, tu_linear)
         site_args = [
-            _split_args(s.template_args)
+            split_top(s.template_args)
             for s in self.disc.launches.get(id(kernel.kdef), [])
             if s.template_args
         ]
@@ -91,19 +92,3 @@ class Extractor:
             if reached and len(reached) < len(defs):
                 unused |= {id(e.item) for e in defs if e not in reached}
         return unused
-
-
-def _split_args(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "<([":
-            depth += 1
-        elif ch in ">)]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur).strip())
-    return [p for p in parts if p]

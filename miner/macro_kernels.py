@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from miner.aliases import DEFINE_LINE
-from miner.textprep import blank_comments_and_strings
+from miner.textprep import blank_comments_and_strings, split_top
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
@@ -52,19 +52,8 @@ def find_kernel_macros(rel: str, code: str, text: str, global_words: set[str]) -
 
 
 def split_args(text: str) -> list[str]:
-    args, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            args.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    args.append("".join(cur).strip())
-    return args
+    """Macro arguments: commas split outside parentheses and brackets, not outside `<>`."""
+    return split_top(text, angle=False) or [""]
 
 
 def expand(macro: KernelMacro, args: list[str]) -> str:

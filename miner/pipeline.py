@@ -39,13 +39,18 @@ _EXTRACTOR_MODULES = (
 )
 
 
-def extractor_version() -> str:
-    """Hash of the extraction code: a new kminer re-extracts, an unchanged one does not."""
-    h = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in _EXTRACTOR_MODULES:
-        h.update((here / f"{name}.py").read_bytes())
+def files_hash(paths, extra: str = "") -> str:
+    """Hash of some source files: the version of the code that produced a stage's results."""
+    h = hashlib.sha256(extra.encode())
+    for path in paths:
+        h.update(Path(path).read_bytes())
     return h.hexdigest()[:16]
+
+
+def extractor_version() -> str:
+    """A new kminer re-extracts, an unchanged one does not."""
+    here = Path(__file__).parent
+    return files_hash(here / f"{name}.py" for name in _EXTRACTOR_MODULES)
 
 
 class Progress(Protocol):

@@ -133,3 +133,22 @@ class RewrittenText:
 
 
 IDENT = re.compile(r"(?<![\w.])(?<!->)(?<!\.\s)[A-Za-z_]\w*")
+
+
+def split_top(text: str, angle: bool = True) -> list[str]:
+    """Split on commas outside brackets (and outside `<...>` when `angle`: C++ template
+    arguments; the preprocessor's macro arguments do not nest in `<>`). Empty parts dropped."""
+    opening, closing = ("(<[{", ")>]}") if angle else ("([{", ")]}")
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in opening:
+            depth += 1
+        elif ch in closing:
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]

@@ -34,7 +34,7 @@ from wrappers.llm.client import (
     client_from_env,
     request_key,
 )
-from wrappers.llm.compiler import LineMapper, cached_build, error_excerpt
+from wrappers.llm.compiler import LineMapper, error_excerpt
 from wrappers.llm.flow import CODE, flow_hash, render_messages, wrap_with_llm
 from wrappers.llm.parse import (
     AnswerError,
@@ -44,6 +44,7 @@ from wrappers.llm.parse import (
     parse_object,
     split_includes,
 )
+from wrappers.verdicts import cached_build
 
 MMCV = Path("/tmp/src/open-mmlab+mmcv")
 PROV = Provenance(repo_url="sample", commit="0" * 40, license="MIT")

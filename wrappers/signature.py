@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from miner.textprep import split_top
+
 _SCALARS = frozenset(
     """
 int int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t long short unsigned signed
@@ -62,23 +64,6 @@ class Signature:
                 call.append(f"a{i}")
         ret = "" if self.returns == "void" else "return "
         return f"[]({', '.join(decl)}) {{ {ret}{target}({', '.join(call)}); }}"
-
-
-def split_top(text: str, sep: str = ",") -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "(<[{":
-            depth += 1
-        elif ch in ")>]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
 
 
 def parse_signature(code: str, name: str, namespace: tuple[str, ...] = ()) -> Signature | None:

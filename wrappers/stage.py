@@ -7,8 +7,6 @@ compiles nothing it has already judged.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -16,14 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miner.candidate import Candidate, Reason, Stage, StageResult, Status
-from miner.compile import nvcc_path, nvcc_version
+from miner.compile import nvcc_path
 from miner.stages import matches
-from wrappers.build import BuildResult, build_batch, build_flags
+from wrappers.build import BuildResult, build_batch
 from wrappers.label import Label, render_label, unit_parts
 from wrappers.mined import LauncherIndex, mine_wrapper
 from wrappers.opmap import op_map
 from wrappers.rule import TEMPLATE_ID as RULE_TEMPLATE
 from wrappers.rule import rule_wrapper
+from wrappers.verdicts import build_key, cached_build, remember
 
 if TYPE_CHECKING:
     from miner.pipeline import RunContext
@@ -42,31 +41,17 @@ _WRAP_MODULES = (
 
 def wrapper_version() -> str:
     """Hash of the code and prompts that make labels: new code rewraps, the same does not."""
-    h = hashlib.sha256()
+    from miner.pipeline import extractor_version, files_hash
+
     here = Path(__file__).parent
-    for name in _WRAP_MODULES:
-        h.update((here / name).read_bytes())
-    for module in sorted((here / "llm").glob("*.py")):
-        h.update(module.read_bytes())
-    for template in sorted((here.parent / "prompts").glob("*.j2")):
-        h.update(template.read_bytes())
-    from miner.pipeline import extractor_version
-
-    return hashlib.sha256((h.hexdigest() + extractor_version()).encode()).hexdigest()[:16]
-
-
-@functools.cache
-def _batcher_hash() -> str:
-    here = Path(__file__).parent
-    return hashlib.sha256(
-        (here / "batching.py").read_bytes() + (here / "build.py").read_bytes()
-    ).hexdigest()[:12]
-
-
-def build_key(label_hash: str) -> str:
-    """A verdict depends on the label, the compiler, its flags and how kminer batches labels."""
-    blob = "\0".join([nvcc_version(), " ".join(build_flags()), _batcher_hash(), label_hash])
-    return "build-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return files_hash(
+        [
+            *(here / name for name in _WRAP_MODULES),
+            *sorted(here.glob("llm/*.py")),
+            *sorted(here.parent.glob("prompts/*.j2")),
+        ],
+        extra=extractor_version(),
+    )
 
 
 def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Label | None, str]:
@@ -197,7 +182,6 @@ def _why_not(why: str) -> tuple[Status, Reason]:
 
 def _llm_label(ctx: RunContext, cand: Candidate) -> tuple[Label | None, str]:
     """The LLM path; its build checks go through the cache the build stage reads."""
-    from wrappers.llm.compiler import cached_build
     from wrappers.llm.flow import wrap_with_llm
 
     def build(cid: str, text: str) -> BuildResult:
@@ -219,19 +203,6 @@ def _llm_label(ctx: RunContext, cand: Candidate) -> tuple[Label | None, str]:
         reason = result.reason.value if result.reason else Reason.LLM_FAILED.value
         return None, f"llm: {reason}: {result.detail}"
     return result.label, "llm"
-
-
-def _remember(ctx: RunContext, key: str, r: BuildResult) -> None:
-    ctx.store.put_compile(
-        key,
-        status="ok" if r.ok else "error",
-        reason=None if r.ok else Reason.BUILD_ERROR.value,
-        detail=r.detail,
-        compiled_types=[],
-        text="",
-        log=r.log[-20000:],
-        seconds=r.seconds,
-    )
 
 
 def _apply_build(
@@ -298,7 +269,7 @@ def run_build(ctx: RunContext, cands: list[Candidate]) -> None:
         for fut in as_completed(futures):
             for cid, r in fut.result().items():
                 cand, key = by_id[cid]
-                _remember(ctx, key, r)
+                remember(ctx.store, key, r)
                 _apply_build(ctx, cand, key, r.ok, r.detail, r.seconds, r.log)
                 ctx.progress.advance(Stage.BUILD.value)
     ctx.counters["build_wall_ms"] = int((time.perf_counter() - start) * 1000)

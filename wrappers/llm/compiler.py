@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from curation.store import Store
-from miner.candidate import Reason
 from wrappers.batching import split_label
 from wrappers.build import BuildResult
-from wrappers.label import Label
+from wrappers.verdicts import cached_build  # noqa: F401  (re-exported for the flow's users)
 
 LOG_LINES = 40
 LINE_CHARS = 240
@@ -73,36 +71,3 @@ class LineMapper:
     def apply(self, text: str, cid: str) -> str:
         pattern = rf"(?:\S*kminer_{re.escape(cid)}\.cu|\blabel\.cu)(?:\((\d+)\)|:(\d+)(?::\d+)?)"
         return re.sub(pattern, lambda m: self.where(int(m.group(1) or m.group(2))), text)
-
-
-def cached_build(build: BuildFn, store: Store, key: Callable[[str], str] | None = None) -> BuildFn:
-    """`build`, asked once per label text. Verdicts live in the store's compile cache under the
-    build stage's key (label hash + nvcc + flags) unless `key` says otherwise, so a rerun of the
-    flow compiles nothing and the build stage reuses what the reflection loop already judged."""
-
-    def label_key(text: str) -> str:
-        if key is not None:
-            return key(text)
-        from wrappers.stage import build_key
-
-        return build_key(Label(text, "").hash)
-
-    def cached(cid: str, text: str) -> BuildResult:
-        k = label_key(text)
-        hit = store.cached_compile(k)
-        if hit is not None:
-            return BuildResult(hit.status == "ok", hit.detail, hit.log, 0.0)
-        r = build(cid, text)
-        store.put_compile(
-            k,
-            status="ok" if r.ok else "error",
-            reason=None if r.ok else Reason.BUILD_ERROR.value,
-            detail=r.detail,
-            compiled_types=[],
-            text="",
-            log=r.log[-20000:],
-            seconds=r.seconds,
-        )
-        return r
-
-    return cached
