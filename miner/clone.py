@@ -26,43 +26,24 @@ from git import Git, GitCommandError, GitCommandNotFound, Repo
 from git.exc import UnsafeOptionError, UnsafeProtocolError
 
 from miner.errors import BadInput, SetupError
+from miner.gitsafe import (
+    SCHEME,
+    git_env,
+    git_reason,
+    is_scp,
+    one_line,
+    redact,
+    unreachable,
+    validate_source,
+)
 from miner.license import detect_license
 
 log = logging.getLogger(__name__)
 
-ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 MAX_HASHED_BYTES = 8 * 1024 * 1024
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-_HELPER = re.compile(r"([A-Za-z0-9][A-Za-z0-9+.-]*|)::")  # git's <transport>::<address> form
 _FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _HEXISH = re.compile(r"[0-9a-fA-F]{4,64}")
 _BAD_REF = re.compile(r"^[-/]|\.\.|@\{|//|[\x00-\x20\x7f~^:?*\[\\]|[/.]$|\.lock$")
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-# stderr lines that only say "it failed"; the line before them names the cause.
-_GENERIC = (
-    "could not read from remote repository",
-    "the remote end hung up",
-    "early eof",
-    "index-pack failed",
-    "invalid index-pack output",
-    "make sure you have the correct",
-    "and the repository exists",
-    "cloning into",
-    "you appear to have cloned",
-)
-_UNREACHABLE = (
-    "could not resolve host",
-    "does not appear to be a git repository",
-    "could not read from remote repository",
-    "connection refused",
-    "timed out",
-    "did not complete in",
-    "authentication failed",
-    "permission denied",
-    "unable to access",
-    "no route to host",
-    "network is unreachable",
-)
 
 
 @dataclass(frozen=True)
@@ -74,44 +55,6 @@ class RepoSource:
     root: Path  # the tree to mine
     license: str  # SPDX id, or "unknown"
     license_file: str  # relative path of the file the license came from, or ""
-
-
-def validate_source(source: str) -> None:
-    """Refuse a repository argument that could make git run a command or talk in the clear.
-
-    Why: ``ext::`` makes git run any shell command (GitPython CVE-2022-24439), other
-    ``transport::`` helpers and ``fd::`` are just as open, a leading ``-`` is read by git as an
-    option (``--upload-pack=...``), and plain http can be tampered with on the way.
-    """
-    allowed = "use https://, ssh://, git://, file:// or a local path"
-    if not source.strip():
-        raise BadInput("empty repository argument")
-    if any(ord(c) < 32 or ord(c) == 127 for c in source):
-        raise BadInput(f"refusing {source!r}: control characters in the repository argument")
-    if source.startswith("-"):
-        raise BadInput(f"refusing {source!r}: a leading '-' would be read by git as an option")
-    if m := _HELPER.match(source):
-        raise BadInput(
-            f"refusing {source!r}: the '{m.group(0)}' transport runs a git remote "
-            f"helper that can execute commands (CVE-2022-24439); {allowed}"
-        )
-    if m := _SCHEME.match(source):
-        scheme = m.group(1).lower()
-        if scheme == "http":
-            raise BadInput(f"refusing {source!r}: plain http:// is not encrypted; use https://")
-        if scheme not in ALLOWED_SCHEMES:
-            raise BadInput(f"refusing {source!r}: transport {scheme}:// is not allowed; {allowed}")
-        host = _USERINFO.sub("", source[m.end() :]).split("/", 1)[0]
-    else:
-        host = source.split(":", 1)[0].rsplit("@", 1)[-1] if _is_scp(source) else ""
-    if host.startswith("-"):
-        raise BadInput(
-            f"refusing {source!r}: a host name starting with '-' would be read as an ssh option"
-        )
-    try:
-        Git.check_unsafe_protocols(source)
-    except UnsafeProtocolError as exc:
-        raise BadInput(f"refusing {source!r}: {exc}") from exc
 
 
 def fetch_repo(
@@ -151,7 +94,7 @@ def fetch_repo(
     start = time.monotonic()
     deadline = start + timeout
     with tempfile.TemporaryDirectory(prefix="kminer-template-") as template:
-        env = _git_env(template, local)
+        env = git_env(template, local)
         step = "clone" if held is None else "update the clone of"
         try:
             target = source if kind == "url" else url  # credentials stay out of the record
@@ -168,9 +111,9 @@ def fetch_repo(
         except GitCommandNotFound as exc:
             raise SetupError("git is not installed or not on PATH") from exc
         except (UnsafeProtocolError, UnsafeOptionError) as exc:
-            raise BadInput(f"refusing {url!r}: {_one_line(str(exc))}") from exc
+            raise BadInput(f"refusing {url!r}: {one_line(str(exc))}") from exc
         except GitCommandError as exc:
-            raise BadInput(f"cannot {step} {url}: {_git_reason(exc, timeout)}") from exc
+            raise BadInput(f"cannot {step} {url}: {git_reason(exc, timeout)}") from exc
         except OSError as exc:  # workdir not writable, disk full, another run filled dest
             raise BadInput(f"cannot {step} {url} into {dest}: {exc.strerror or exc}") from exc
     log.info("%s at %s in %s (%.1f s)", url, commit[:12], dest, time.monotonic() - start)
@@ -210,15 +153,9 @@ def folder_commit(root: Path, exclude: Path | None = None) -> str:
     return "folder-" + digest.hexdigest()
 
 
-def _is_scp(source: str) -> bool:
-    """git's rule: `host:path` with a colon before any slash is ssh (scp-like syntax)."""
-    colon, slash = source.find(":"), source.find("/")
-    return colon > 0 and (slash < 0 or colon < slash)
-
-
 def _classify(source: str) -> tuple[str, str, Path | None]:
-    if _SCHEME.match(source):
-        return "url", _redact(source), None
+    if SCHEME.match(source):
+        return "url", redact(source), None
     path = Path(source).expanduser()
     if path.exists():
         path = path.resolve()
@@ -228,14 +165,9 @@ def _classify(source: str) -> tuple[str, str, Path | None]:
             return kind, str(path), path
         what = "a regular file" if path.is_file() else "not a directory"
         raise BadInput(f"{path} is {what}, not a git repository or a folder")
-    if _is_scp(source):
+    if is_scp(source):
         return "url", source, None
     raise BadInput(f"path {path.absolute()} does not exist")
-
-
-def _redact(url: str) -> str:
-    """Drop credentials from http(s) URLs so tokens never reach the dataset or a log line."""
-    return _USERINFO.sub("", url) if url.lower().startswith("https://") else url
 
 
 def _same_source(a: str, b: str) -> bool:
@@ -269,30 +201,6 @@ def _held_source(dest: Path) -> str | None:
         if held:
             return str(held)
     raise BadInput(f"{dest} exists and is not a kminer clone; pick another --workdir")
-
-
-def _git_env(template: str, local: bool) -> dict[str, str]:
-    """Environment for every git call: allowed transports, no prompts, no hooks, no surprises."""
-    config = {
-        "core.hooksPath": "/dev/null",  # hooks of the clone and of submodule clones never run
-        "core.fsmonitor": "false",
-        "submodule.recurse": "false",
-        "fetch.recurseSubmodules": "false",
-        "clone.defaultRemoteName": "origin",
-        "advice.detachedHead": "false",
-    }
-    if local:  # git >= 2.38.1 refuses local submodules unless asked; only for local sources
-        config["protocol.file.allow"] = "always"
-    env = {
-        "GIT_ALLOW_PROTOCOL": "https:ssh:git:file",
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_TEMPLATE_DIR": template,  # empty: no sample or user hooks copied into .git
-        "GIT_LFS_SKIP_SMUDGE": "1",
-        "GIT_CONFIG_COUNT": str(len(config)),
-    }
-    for i, (key, value) in enumerate(config.items()):
-        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
-    return env
 
 
 def _left(deadline: float) -> float:
@@ -330,7 +238,7 @@ def _fresh_clone(
         else:
             repo = _clone_url(url, tmp, ref, env, deadline)
         with repo:
-            _record(repo, _redact(url), ref)
+            _record(repo, redact(url), ref)
         if dest.is_dir():
             dest.rmdir()  # _held_source let it through only when empty
         tmp.rename(dest)
@@ -368,9 +276,9 @@ def _clone_url(url: str, tmp: Path, ref: str | None, env: dict[str, str], deadli
             _checkout(repo, ref.lower())
             return repo
         except GitCommandError as exc:
-            if _unreachable(exc):
+            if unreachable(exc):
                 raise
-            log.info("shallow fetch of %s refused (%s); cloning in full", ref, _git_reason(exc))
+            log.info("shallow fetch of %s refused (%s); cloning in full", ref, git_reason(exc))
             shutil.rmtree(tmp, ignore_errors=True)
             return _full_clone(url, tmp, ref, env, deadline)
     try:
@@ -412,7 +320,7 @@ def _update(repo: Repo, kind: str, url: str, ref: str | None, deadline: float) -
                 origin.fetch(ref, depth=1 if shallow else None, kill_after_timeout=_left(deadline))
                 sha = repo.git.rev_parse("--verify", "FETCH_HEAD^{commit}")
             except GitCommandError as exc:
-                if _unreachable(exc):
+                if unreachable(exc):
                     raise
                 if sha is None and _HEXISH.fullmatch(ref):  # a short SHA needs all history
                     origin.fetch(
@@ -423,7 +331,7 @@ def _update(repo: Repo, kind: str, url: str, ref: str | None, deadline: float) -
                     )
                     sha = _resolve(repo, ref)
         _checkout(repo, sha or _no_ref(ref, url))
-    _record(repo, _redact(url), ref)
+    _record(repo, redact(url), ref)
 
 
 def _update_submodules(repo: Repo, local: bool, deadline: float) -> None:
@@ -446,9 +354,9 @@ def _update_submodules(repo: Repo, local: bool, deadline: float) -> None:
                 kill_after_timeout=_left(deadline),
             )
         except GitCommandError as exc:
-            if _unreachable(exc):
+            if unreachable(exc):
                 raise
-            log.info("shallow submodule update failed (%s); retrying in full", _git_reason(exc))
+            log.info("shallow submodule update failed (%s); retrying in full", git_reason(exc))
             repo.git.submodule(
                 "update", "--init", "--recursive", kill_after_timeout=_left(deadline)
             )
@@ -459,8 +367,8 @@ def _require_commits(repo: Repo, url: str, need_head: bool) -> None:
     if _head(repo) is not None or (has_refs and not need_head):
         return
     if has_refs:
-        raise BadInput(f"{_redact(url)} has no default branch to check out; pass --ref")
-    raise BadInput(f"{_redact(url)} is an empty repository (no commits)")
+        raise BadInput(f"{redact(url)} has no default branch to check out; pass --ref")
+    raise BadInput(f"{redact(url)} is an empty repository (no commits)")
 
 
 def _head(repo: Repo) -> str | None:
@@ -481,7 +389,7 @@ def _resolve(repo: Repo, ref: str) -> str | None:
 
 
 def _no_ref(ref: str, url: str) -> NoReturn:
-    raise BadInput(f"ref {ref!r} not found in {_redact(url)}")
+    raise BadInput(f"ref {ref!r} not found in {redact(url)}")
 
 
 def _checkout(repo: Repo, sha: str) -> None:
@@ -503,32 +411,3 @@ def _config(repo: Repo, key: str) -> str | None:
         return repo.git.config("--get", key)
     except GitCommandError:
         return None
-
-
-def _stderr(exc: GitCommandError) -> str:
-    raw = str(exc.stderr or "").strip()
-    return raw.removeprefix("stderr: '").removesuffix("'")
-
-
-def _unreachable(exc: GitCommandError) -> bool:
-    """The remote itself failed (host, auth, path, timeout): retrying another way cannot help."""
-    low = _stderr(exc).lower()
-    return any(s in low for s in _UNREACHABLE) or bool(re.search(r"repository .* not found", low))
-
-
-def _git_reason(exc: GitCommandError, timeout: float | None = None) -> str:
-    """git's last meaningful stderr line, as one line without credentials."""
-    raw = _stderr(exc)
-    if "did not complete in" in raw or "killed because it timed out" in raw:
-        return f"timed out after {timeout:g} s" if timeout else "timed out"
-    lines = [ln.strip() for ln in raw.splitlines() if ln.strip()]
-    useful = [ln for ln in lines if not any(g in ln.lower() for g in _GENERIC)]
-    flagged = [ln for ln in useful if re.match(r"(fatal|error):", ln, re.IGNORECASE)]
-    line = (flagged or useful or lines or [f"git exited with status {exc.status}"])[-1]
-    while m := re.match(r"(fatal|error|remote|warning):\s*", line, re.IGNORECASE):
-        line = line[m.end() :]
-    return _one_line(_USERINFO.sub("", line))[:300]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

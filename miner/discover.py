@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.aliases import DEFINE_LINE, QualifierAliases, collect_aliases
-from miner.filemodel import FileModel, FileParser, Item, KernelDef, refs_in
+from miner.filemodel import FileModel, Item, KernelDef, refs_in
 from miner.launches import find_launch_sites
 from miner.macro_kernels import (
     Expansion,
@@ -24,6 +24,7 @@ from miner.macro_kernels import (
 )
 from miner.sources import Inventory, scan_tree
 from miner.textprep import blank_comments_and_strings, decode, first_branch_view, split_top
+from miner.treewalk import FileParser
 
 log = logging.getLogger(__name__)
 

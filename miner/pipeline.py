@@ -28,6 +28,7 @@ _EXTRACTOR_MODULES = (
     "discover",
     "extract",
     "filemodel",
+    "treewalk",
     "includes",
     "launches",
     "linearize",

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from git import GitCommandError, Repo
 
-from miner import clone
+from miner import clone, gitsafe
 from miner.clone import fetch_repo, folder_commit, validate_source
 from miner.errors import BadInput
 
@@ -452,7 +452,7 @@ def test_credentials_never_reach_messages(tmp_path):
 )
 def test_git_reason_picks_the_meaningful_line(stderr, want):
     exc = GitCommandError(["git", "clone"], 128, stderr)
-    assert clone._git_reason(exc) == want
+    assert gitsafe.git_reason(exc) == want
 
 
 def test_symlinked_workdir_parent_is_fine(up, tmp_path):
