@@ -125,7 +125,7 @@ def compute_closure(
             used |= set().union(*(e.item.refs for e in extra_entries))
     namespaces = {ns for e in entries for ns in e.item.namespace}
     torch_names = (used - defined) & TORCH_NAMES
-    needs_torch = bool(torch_names)
+    needs_torch = bool(torch_names) or kernel.kind != "kernel"  # host code: torch is there
     # using-directives matter only for namespaces the unit actually has
     wanted_ns = namespaces | LIBRARY_NAMESPACES | ({"at", "torch", "c10"} if needs_torch else set())
     usings = [
