@@ -186,3 +186,13 @@ def test_batch_build_isolates_a_broken_label(opchain):
     results = build_batch([("good", good.text), ("functor", functor.text), ("broken", broken)])
     assert results["good"].ok and results["functor"].ok, results
     assert not results["broken"].ok and "undefined_thing" in results["broken"].detail
+
+
+def test_parallel_builds_are_capped_by_batches_and_memory():
+    from wrappers.stage import GB_PER_BUILD, build_workers
+
+    assert build_workers(1, 10) == 1
+    assert build_workers(8, 2) <= 2
+    with open("/proc/meminfo") as fh:
+        avail = int(dict(ln.split(":", 1) for ln in fh)["MemAvailable"].split()[0]) / 1024**2
+    assert build_workers(1000, 1000) == max(1, int(avail // GB_PER_BUILD))

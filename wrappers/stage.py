@@ -228,6 +228,20 @@ def _apply_build(
     ctx.store.save(cand, ctx.repo_id)
 
 
+GB_PER_BUILD = 5.0  # one batch unit with torch headers: ~3 GB for 8 labels, ~4-5 GB for 16
+
+
+def build_workers(wanted: int, batches: int) -> int:
+    """Parallel batch builds, capped by the memory available (never below one)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = dict(line.split(":", 1) for line in fh)
+        available_gb = int(info["MemAvailable"].split()[0]) / 1024 / 1024
+    except (OSError, KeyError, ValueError):
+        available_gb = GB_PER_BUILD * wanted
+    return max(1, min(wanted, batches, int(available_gb // GB_PER_BUILD)))
+
+
 def run_build(ctx: RunContext, cands: list[Candidate]) -> None:
     """Build-check labels in batches (one torch-header parse per batch), batches in parallel."""
     todo: list[tuple[Candidate, str, str]] = []
@@ -261,7 +275,7 @@ def run_build(ctx: RunContext, cands: list[Candidate]) -> None:
     batches = [todo[i : i + size] for i in range(0, len(todo), size)]
     by_id = {cand.id: (cand, key) for cand, key, _ in todo}
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, min(ctx.cfg.build_jobs, len(batches)))) as pool:
+    with ThreadPoolExecutor(max_workers=build_workers(ctx.cfg.build_jobs, len(batches))) as pool:
         futures = [
             pool.submit(build_batch, [(c.id, t) for c, _, t in batch], ctx.cfg.build_timeout)
             for batch in batches
