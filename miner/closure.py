@@ -139,7 +139,10 @@ def compute_closure(
         if e.item.kind == "using_ns" and e.item.target.split("::")[0] in wanted_ns
     ]
     entries = _merge_in_order(entries, usings, linear, tu_linear if from_tu else None)
-    externals = _externals(entries, linear, tu_linear if from_tu else None)
+    if kernel.kind == "kernel":
+        externals = _externals(entries, linear, tu_linear if from_tu else None)
+    else:  # host code calls APIs (at::cuda::...) by names no item defines: keep every include
+        externals = list(dict.fromkeys(linear.externals))
     ambiguous = _ambiguous(entries)
     return Closure(entries, externals, needs_torch, torch_names, ambiguous, from_tu)
 

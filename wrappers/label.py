@@ -14,6 +14,9 @@ from pathlib import Path
 import jinja2
 
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+# What a written (rule or LLM) host wrapper uses beyond torch/extension.h: the CUDA guard, the
+# current stream and C10_CUDA_CHECK. Mined wrappers bring the repository's own includes instead.
+WRAPPER_INCLUDES = ("#include <ATen/cuda/CUDAContext.h>", "#include <c10/cuda/CUDAGuard.h>")
 
 
 @dataclass
@@ -83,6 +86,17 @@ def render_label(
         )
     )
     return Label(text, strategy, functions)
+
+
+def with_wrapper_includes(includes: list[str], extra: list[str] = ()) -> list[str]:
+    """The unit's includes, then what every written wrapper needs, then `extra`, once each."""
+    out = list(includes)
+    seen = {ln.strip() for ln in out}
+    for line in (*WRAPPER_INCLUDES, *extra):
+        if line.strip() not in seen and "torch/extension.h" not in line:
+            seen.add(line.strip())
+            out.append(line.strip())
+    return out
 
 
 def unit_parts(unit_text: str) -> tuple[list[str], str]:

@@ -17,7 +17,7 @@ from miner.candidate import Candidate, Reason, Stage, StageResult, Status
 from miner.compile import nvcc_path
 from miner.stages import matches
 from wrappers.build import BuildResult, build_batch
-from wrappers.label import Label, render_label, unit_parts
+from wrappers.label import Label, render_label, unit_parts, with_wrapper_includes
 from wrappers.mined import LauncherIndex, mine_wrapper
 from wrappers.opmap import op_map
 from wrappers.rule import TEMPLATE_ID as RULE_TEMPLATE
@@ -92,7 +92,7 @@ def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Labe
     label = render_label(
         strategy="rule",
         launcher="",
-        includes=includes,
+        includes=with_wrapper_includes(includes),
         device_code=device,
         host_code=rule.host_code,
         functions=rule.functions,

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 from curation.store import Store
 from miner.candidate import Candidate, Reason, Status
-from wrappers.label import Exposed, Label, environment, render_label, template_hash, unit_parts
+from wrappers.label import (
+    Exposed,
+    Label,
+    environment,
+    render_label,
+    template_hash,
+    unit_parts,
+    with_wrapper_includes,
+)
 from wrappers.llm.client import LLMClient, LLMUnavailable, Reply
 from wrappers.llm.compiler import BuildFn, LineMapper, error_excerpt
 from wrappers.llm.parse import (
@@ -37,7 +45,6 @@ CODE_KEYS = ('"strategy"', '"host_code"', '"functions"')
 ANALYSIS_KEYS = ('"summary"', '"pointers"', '"scalars"', '"launch"', '"contract"')
 ANALYSIS_TRIES = 2  # one correction turn when the analysis is not the JSON we asked for
 DEFAULT_PARAMS = {"temperature": 0.0, "max_tokens": 4096}
-LLM_INCLUDES = ("#include <ATen/cuda/CUDAContext.h>", "#include <c10/cuda/CUDAGuard.h>")
 
 
 @dataclass
@@ -229,14 +236,8 @@ class _Flow:
         )
 
     def _includes(self, extra: list[str]) -> list[str]:
-        """The unit's includes, then what every LLM label needs, then what the answer asked for."""
-        out = list(self.includes)
-        seen = {ln.strip() for ln in out}
-        for line in (*LLM_INCLUDES, *extra):
-            if line.strip() not in seen and "torch/extension.h" not in line:
-                seen.add(line.strip())
-                out.append(line.strip())
-        return out
+        """The unit's includes, what every written wrapper needs, what the answer asked for."""
+        return with_wrapper_includes(self.includes, extra)
 
     def _feedback(
         self, reply: Reply, verdict: _Verdict, step: str, attempt: int, max_attempts: int
