@@ -155,7 +155,7 @@ def test_batch_source_namespaces_bodies_and_hoists_includes(opchain):
     source, owners = batch_source([("aa", a.text), ("bb", b.text)], "kminer_batch")
     assert source.count("#include <c10/cuda/CUDAGuard.h>") == 1
     assert source.count("#include <torch/extension.h>") == 1
-    assert '#line 1 "kminer_aa.cu"\nnamespace kminer_aa {' in source
+    assert 'namespace kminer_aa {\n#line 1 "kminer_aa.cu"' in source
     assert "#undef THREADS" in source  # macros do not leak into the next label
     assert "kminer_bb::kminer_bind(s);" in source and "PYBIND11_MODULE(kminer_batch" in source
     assert owners and all(ids <= {"aa", "bb"} for ids in owners.values())
@@ -183,8 +183,22 @@ def test_batch_build_isolates_a_broken_label(opchain):
     _, good = label_of(*opchain, "square_kernel")
     _, functor = label_of(*opchain, "shift_kernel")
     broken = good.text.replace("int n = x.numel();", "int n = x.numel() + undefined_thing;")
-    results = build_batch([("good", good.text), ("functor", functor.text), ("broken", broken)])
+    # pytorch_scatter overloads __shfl_up_sync for at::Half at global scope and calls it with
+    # bfloat16 too: inside the label's namespace the global overloads must stay visible
+    intrinsic = good.text.replace(
+        "// kminer-label-body-begin\n",
+        "// kminer-label-body-begin\n"
+        "__device__ __inline__ at::Half __shfl_up_sync(const unsigned mask, const at::Half var,\n"
+        "                                              const unsigned int delta) {\n"
+        "  return __shfl_up_sync(mask, var.operator __half(), delta);\n}\n"
+        "template <typename T> __device__ T shift_up(T v) { return __shfl_up_sync(~0u, v, 1); }\n"
+        "template __device__ at::BFloat16 shift_up<at::BFloat16>(at::BFloat16);\n"
+        "template __device__ at::Half shift_up<at::Half>(at::Half);\n",
+    )
+    labels = [("good", good.text), ("functor", functor.text), ("broken", broken)]
+    results = build_batch([*labels, ("intrinsic", intrinsic)])
     assert results["good"].ok and results["functor"].ok, results
+    assert results["intrinsic"].ok, results["intrinsic"].detail
     assert not results["broken"].ok and "undefined_thing" in results["broken"].detail
 
 

@@ -66,8 +66,9 @@ def batch_source(
         macros = sorted(set(_DEFINE.findall(body)))
         body = _requalify(body, f"kminer_{cid}")
         out += [
-            f'#line 1 "kminer_{cid}.cu"',
             f"namespace kminer_{cid} {{",
+            *[f"using ::{name};" for name in sorted(set(_INTRINSIC_OVERLOAD.findall(body)))],
+            f'#line 1 "kminer_{cid}.cu"',
             body,
             f"}}  // namespace kminer_{cid}",
             *[f"#undef {m}" for m in macros],
@@ -86,6 +87,12 @@ def batch_source(
     return "\n".join(out) + "\n", owners
 
 
+# A repository may overload a CUDA intrinsic at global scope (pytorch_scatter: __shfl_up_sync
+# for at::Half). Inside the label's namespace that overload would hide the global ones (the
+# bfloat16 __shfl_up_sync), so the namespace brings them back with a using-declaration.
+_INTRINSIC_OVERLOAD = re.compile(
+    r"^[^=;/(]*__device__[^=;(]*[\s*&](__shfl\w*|__ldg\w*)\s*\(", re.MULTILINE
+)
 _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
 
 
