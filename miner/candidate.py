@@ -19,6 +19,8 @@ class Stage(StrEnum):
     COMPILE = "compile"
     WRAP = "wrap"
     BUILD = "build"
+    TESTGEN = "testgen"
+    VERIFY = "verify"
 
 
 class Status(StrEnum):
@@ -48,6 +50,17 @@ class Reason(StrEnum):
     # build
     BUILD_ERROR = "build_error"
     BUILD_TIMEOUT = "build_timeout"
+    # testgen
+    NO_REFERENCE = "no_reference"  # neither the repository nor an LLM gave a CPU reference
+    NO_CASES = "no_cases"  # no inputs could be mined or generated for the signature
+    REFERENCE_BUILD_ERROR = "reference_build_error"  # the mined CPU reference does not compile
+    # verify (the outcome of the GPU run; `pass` is status ok)
+    MISMATCH = "mismatch"
+    IMPORT_ERROR = "import_error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    WEAK_TEST = "weak_test"  # the test passed a deliberately wrong kernel
+    NO_GPU = "no_gpu"
 
 
 class FileSkip(StrEnum):
@@ -69,6 +82,9 @@ class StageResult(BaseModel):
     detail: str = ""  # first error line, counts, etc.: one short line for humans
     key: str = ""  # hash of the inputs that produced this result (resume / cache)
     seconds: float = 0.0
+    # stage figures shown by `candidates --json`: testgen {num_cases, num_shapes,
+    # reference_kind}, verify {kill_rate, kernel_time_us, gpu, torch, cuda, cases}
+    metrics: dict = Field(default_factory=dict)
 
 
 class Param(BaseModel):
@@ -145,6 +161,31 @@ class Wrapper(BaseModel):
     op_map: dict = Field(default_factory=dict)  # the repository's op chain, for the tests
 
 
+class Reference(BaseModel):
+    """The CPU implementation the tests compare the kernel with (never the kernel itself)."""
+
+    kind: str = ""  # cpp (the repository's CPU twin) | python (its PyTorch ref) | llm | ""
+    function: str = ""  # the repository function that is the reference, e.g. roi_align_forward_cpu
+    file: str = ""  # where it is defined, relative to the repository root
+    path: str = ""  # the extracted reference source, relative to the workdir
+    hash: str = ""
+    exposed: str = ""  # the name the reference module exposes it under
+    signature: list[str] = Field(default_factory=list)  # its parameter types, in order
+
+
+class Tests(BaseModel):
+    """The generated `test_code` and what it checks."""
+
+    path: str = ""  # the standalone pytest file, relative to the workdir
+    hash: str = ""
+    cases_source: str = ""  # mined (from the repository's tests) | rule | llm
+    num_cases: int = 0
+    num_shapes: int = 0
+    dtypes: list[str] = Field(default_factory=list)
+    variants: list[str] = Field(default_factory=list)  # wrong-variant label paths (workdir)
+    variant_kinds: list[str] = Field(default_factory=list)  # no_write | off_by_one | op_swap
+
+
 class Provenance(BaseModel):
     repo_url: str
     commit: str
@@ -159,6 +200,8 @@ class Candidate(BaseModel):
     closure: list[Dep] = Field(default_factory=list)
     unit: Unit = Field(default_factory=Unit)
     wrapper: Wrapper = Field(default_factory=Wrapper)
+    reference: Reference = Field(default_factory=Reference)
+    tests: Tests = Field(default_factory=Tests)
     stages: dict[str, StageResult] = Field(default_factory=dict)
 
     @property
@@ -189,9 +232,10 @@ class Candidate(BaseModel):
             "strategy": self.wrapper.strategy,
             "stages": {
                 name: {
-                    "status": r.status.value,
+                    "status": r.metrics.get("outcome", r.status.value),
                     "reason": r.reason.value if r.reason else None,
                     "detail": r.detail,
+                    **r.metrics,
                 }
                 for name, r in self.stages.items()
             },

@@ -1,1 +1,26 @@
-"""Reference implementations, generated tests and their verification on a GPU."""
+"""Tests that compare each kernel with a CPU reference on the GPU, and catch wrong kernels.
+
+The pieces and the contract between them (every module relies on it):
+
+- `reference`: the repository's CPU implementation of the same op, extracted into a standalone
+  C++ source (`references/<id>.cpp` in the workdir) that builds with `cpp_extension` next to the
+  label and exposes `reference` with the *same Python signature as the label's first exposed
+  function* (the mined launcher), so a test calls both with the same arguments.
+- `cases`: the inputs, as Python source of builder functions `case_<k>(gen) -> list` returning the
+  argument list of that call (CPU tensors and Python scalars), with fixed seeds.
+- `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from
+  `prompts/test_code.py.j2`. Only python + torch + pytest are needed to run it. Environment:
+    KMINER_IMPL       the .cu under test (default: `label.cu` beside the test file)
+    KMINER_REFERENCE  the reference .cpp (default: `reference.cpp` beside the test file)
+    KMINER_BUILD_DIR  where torch extensions are built and cached (default: a temp dir)
+    KMINER_REPORT     a JSON file the test writes its report to (optional)
+    KMINER_PHASE      `build` (only build + import both modules) or `run` (default: both)
+  The report: {"phase", "outcome": pass|mismatch|build_error|import_error,
+  "cases": [{"id", "shape", "dtype", "max_abs", "max_rel", "ok"}], "kernel_time_us", "gpu",
+  "torch", "cuda", "error"}. A crash or a hang leaves the report without an outcome; the runner
+  tells them apart by the exit signal and its timeout.
+- `variants`: wrong versions of a label (output never written, off-by-one, operator swapped)
+  that the test must fail; a test that passes one is `weak_test`.
+- `runner` / `bundle`: one subprocess per candidate and per variant, build and run timed out
+  separately, outcomes collected into results.json; a bundle carries it all to a GPU box.
+"""
