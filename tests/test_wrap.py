@@ -155,7 +155,7 @@ def test_batch_source_namespaces_bodies_and_hoists_includes(opchain):
     source, owners = batch_source([("aa", a.text), ("bb", b.text)], "kminer_batch")
     assert source.count("#include <c10/cuda/CUDAGuard.h>") == 1
     assert source.count("#include <torch/extension.h>") == 1
-    assert 'namespace kminer_aa {\n#line 1 "kminer_aa.cu"' in source
+    assert 'namespace kminer_aa {\n#line 2 "kminer_aa.cu"' in source
     assert "#undef THREADS" in source  # macros do not leak into the next label
     assert "kminer_bb::kminer_bind(s);" in source and "PYBIND11_MODULE(kminer_batch" in source
     assert owners and all(ids <= {"aa", "bb"} for ids in owners.values())

@@ -68,7 +68,7 @@ def batch_source(
         out += [
             f"namespace kminer_{cid} {{",
             *[f"using ::{name};" for name in sorted(set(_INTRINSIC_OVERLOAD.findall(body)))],
-            f'#line 1 "kminer_{cid}.cu"',
+            f'#line 2 "kminer_{cid}.cu"',  # as if the namespace line were line 1
             body,
             f"}}  // namespace kminer_{cid}",
             *[f"#undef {m}" for m in macros],

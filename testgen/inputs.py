@@ -1,0 +1,108 @@
+"""Inputs mined from the repository's own tests: the calls they make into its extension.
+
+`record.py` runs one test file at a time in the sandbox (a crash or hang costs that file only);
+the calls come back as a `torch.save` file and are cached under the workdir by the hash of the
+test file and of the recorder, so a rerun records nothing again. Each call is bound to the
+parameter names of the function the binding exposes, which is how the case generator matches
+it to the label's launcher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testgen.sandbox import run_sandboxed
+
+log = logging.getLogger(__name__)
+RECORDER = Path(__file__).with_name("record.py")
+FILE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class RecordedCall:
+    function: str  # the name the extension exposes (mmcv: roi_align_forward)
+    args: list
+    kwargs: dict = field(default_factory=dict)
+    test_file: str = ""  # relative to the repository root
+
+    def bind(self, params: list[str]) -> dict | None:
+        """Arguments by parameter name, or None when the call does not fit `params`."""
+        if len(self.args) > len(params):
+            return None
+        bound = dict(zip(params, self.args, strict=False))
+        for name, value in self.kwargs.items():
+            if name not in params or name in bound:
+                return None
+            bound[name] = value
+        return bound if len(bound) == len(params) else None
+
+
+def repo_test_files(repo: Path) -> list[Path]:
+    """The repository's pytest files (tests/**/test_*.py and *_test.py), in a stable order."""
+    found = {
+        p
+        for pattern in ("test_*.py", "*_test.py")
+        for p in repo.rglob(pattern)
+        if p.is_file() and ".git" not in p.parts
+    }
+    return sorted(found)
+
+
+def _cache_key(test_file: Path) -> str:
+    h = hashlib.sha256(RECORDER.read_bytes())
+    h.update(test_file.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCall]:
+    """The extension calls one test file makes (cached)."""
+    import torch
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out = cache_dir / f"{_cache_key(test_file)}.pt"
+    if not out.exists():
+        tmp = out.with_suffix(".partial")
+        result = run_sandboxed(
+            [sys.executable, str(RECORDER), str(repo), str(test_file), str(tmp)],
+            timeout=FILE_TIMEOUT_S,
+        )
+        if not tmp.exists():
+            why = "timed out" if result.timed_out else f"exit {result.returncode}"
+            log.info("recording %s: no calls (%s)", test_file.name, why)
+            torch.save([], out)  # remembered: a file that cannot be recorded is not retried
+        else:
+            tmp.replace(out)
+    rel = test_file.relative_to(repo).as_posix()
+    raw = torch.load(out, weights_only=True)
+    return [RecordedCall(name, list(args), dict(kwargs), rel) for name, args, kwargs in raw]
+
+
+def record_repo_calls(
+    repo: Path, cache_dir: Path, wanted: set[str] | None = None
+) -> dict[str, list[RecordedCall]]:
+    """Every extension call of the repository's tests, by function name; only the test files
+    that mention one of `wanted` are run when it is given."""
+    calls: dict[str, list[RecordedCall]] = {}
+    for path in repo_test_files(repo):
+        if wanted is not None:
+            text = path.read_text("utf-8", errors="replace")
+            if not any(name in text for name in _mentions(wanted)):
+                continue
+        for call in record_file(repo, path, cache_dir):
+            calls.setdefault(call.function, []).append(call)
+    return calls
+
+
+def _mentions(wanted: set[str]) -> set[str]:
+    """Tests name the Python op, not the extension function: roi_align_forward is tested by a
+    file that says roi_align, so the stem before _forward/_backward also counts."""
+    stems = set(wanted)
+    for name in wanted:
+        for suffix in ("_forward", "_backward", "_fw", "_bw"):
+            if name.endswith(suffix):
+                stems.add(name[: -len(suffix)])
+    return stems
