@@ -62,6 +62,7 @@ def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCa
     """The extension calls one test file makes (cached)."""
     import torch
 
+    repo, test_file, cache_dir = repo.resolve(), test_file.resolve(), cache_dir.resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / f"{_cache_key(test_file)}.pt"
     if not out.exists():

@@ -10,12 +10,13 @@ from testgen.sandbox import run_sandboxed
 FIXTURE = Path(__file__).parent / "fixtures" / "recrepo"
 
 
-def test_recorder_captures_extension_calls_with_stubs_for_missing_imports(tmp_path):
+def test_recorder_captures_extension_calls_with_stubs_for_missing_imports(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     shutil.copytree(FIXTURE, repo)
     os.environ["KMINER_TEST_SECRET"] = "sk-do-not-leak"
     try:
-        calls = record_repo_calls(repo, tmp_path / "cache")
+        monkeypatch.chdir(tmp_path)  # relative paths, as a CLI user gives them
+        calls = record_repo_calls(Path("repo"), Path("cache"))
     finally:
         del os.environ["KMINER_TEST_SECRET"]
     scale = calls["scale_forward"]
