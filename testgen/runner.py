@@ -1,0 +1,453 @@
+"""Runs a verification bundle on a GPU box: each label's test, then its wrong variants.
+
+This file travels in the bundle as `run.py` (testgen/bundle.py), to a machine that has python,
+torch and pytest and nothing of kminer, so it imports the standard library only (not even torch:
+its version comes from the package metadata). In an unpacked bundle:
+    python run.py [--jobs N] [--out results.json] [--only ID ...] [--resume]
+
+Why it is shaped like this:
+- A test runs twice, as separate processes (the contract in testgen/__init__.py): the `build`
+  phase compiles and imports the label and the reference (CPU work, `--jobs` at a time), the `run`
+  phase runs the cases on the GPU (`--gpu-jobs` at a time, by default one per visible GPU, each
+  pinned to its GPU), so timings stay clean and one hung kernel holds up one slot only.
+- Every subprocess gets a fresh temp dir as cwd, its own process group (a timeout kills all it
+  started) and a timeout; whatever it does (crash, hang, no report) is an outcome, never an
+  error of the batch. The verdict: the timeout, then death by a signal (crash), then a CUDA
+  error in the report or the output (crash, run phase), then the report's outcome, then pytest's
+  exit status.
+- Extensions are built in `.build/<hash of test and reference>`: a label and its variants share
+  it, so the reference is built once. A marker per built impl lets a later run skip the build
+  subprocess (pass, build_error and import_error are kept; timeouts and crashes are retried).
+  Tests should build each module in its own subfolder named after a hash of its source.
+- results.json is rewritten atomically after each entry, so a killed run keeps what it did, and
+  `--resume` goes on from there. Its shape: {"gpu", "torch", "cuda", "started", "entries": {id:
+  {"outcome", "phase" (build|run|""), "cases", "kernel_time_us", "kill_rate" (killed / valid
+  variants, null when none ran), "variants": [{"kind", "path", "outcome", "detail"}],
+  "build_s", "run_s", "build_cached", "detail" (one line), "log_tail"}}}. A variant's outcome is
+  one of the run outcomes, or `invalid` when it does not build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
+OUTCOMES += ("no_reference", "weak_test")
+INVALID = "invalid"  # a variant that does not build: neither killed nor survived
+CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
+CUDA_ERROR = re.compile(
+    r"illegal memory access|unspecified launch failure|device-side assert|misaligned address"
+    r"|illegal instruction|CUDA error|CUDA_ERROR_\w+|cudaErrorLaunch\w*",
+    re.IGNORECASE,
+)
+LOG_TAIL = 2000
+
+
+class Interrupted(Exception):
+    """The runner itself is stopping (SIGINT/SIGTERM): the entry is not recorded."""
+
+
+_STOP = threading.Event()
+_LIVE: set[int] = set()  # process groups of running tests
+_LIVE_LOCK = threading.Lock()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def stop_all() -> None:
+    """Kill every running test's process group; no new one starts after this."""
+    with _LIVE_LOCK:
+        _STOP.set()
+        for pgid in list(_LIVE):
+            _kill_group(pgid)
+
+
+@dataclass
+class Proc:
+    """One test subprocess: how it ended, its report and its output."""
+
+    rc: int | None
+    timed_out: bool
+    seconds: float
+    report: dict
+    log: str
+
+
+def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
+    """`pytest -q -x <test>` in a fresh temp dir and process group; never raises on its behaviour.
+
+    pytest gets an empty ini of its own, so no `pytest.ini`/`pyproject.toml` above the bundle
+    (addopts, markers) changes what runs; short tracebacks show the failing lines, not the whole
+    test's source (whose strings could look like a CUDA error); output goes to a file, not a pipe,
+    so a grandchild that keeps the pipe open cannot hang the runner."""
+    with tempfile.TemporaryDirectory(prefix="kminer-run-") as tmp:
+        work = Path(tmp)
+        (work / "pytest.ini").write_text("[pytest]\n")
+        report = work / "report.json"
+        env = {**os.environ, **env_extra, "KMINER_REPORT": str(report)}
+        env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
+        argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
+        argv.append(str(test))
+        with open(work / "log.txt", "wb") as log:
+            io = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
+            with _LIVE_LOCK:
+                if _STOP.is_set():
+                    raise Interrupted
+                start = time.monotonic()
+                proc = subprocess.Popen(argv, cwd=tmp, env=env, start_new_session=True, **io)
+                _LIVE.add(proc.pid)
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(proc.pid)  # also what the test left behind when it exited
+                proc.wait()
+                with _LIVE_LOCK:
+                    _LIVE.discard(proc.pid)
+            seconds = round(time.monotonic() - start, 3)
+        if _STOP.is_set():
+            raise Interrupted
+        text = (work / "log.txt").read_text(errors="replace")
+        try:
+            data = json.loads(report.read_text())
+        except (OSError, ValueError):
+            data = {}
+    data = data if isinstance(data, dict) else {}
+    return Proc(None if timed_out else proc.returncode, timed_out, seconds, data, text)
+
+
+def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
+    """(outcome, one line for humans) of one phase: the timeout and the exit signal first, then
+    a CUDA error anywhere in the output (run phase), then the report, then the exit status."""
+    if p.timed_out:
+        return "timeout", f"{phase} timed out after {timeout:g}s"
+    if p.rc is not None and p.rc < 0:
+        name = signal.Signals(-p.rc).name if -p.rc in signal.valid_signals() else -p.rc
+        return "crash", f"{phase} killed by {name}"
+    error = [ln.strip() for ln in str(p.report.get("error") or "").splitlines() if ln.strip()]
+    log = [ln.strip() for ln in p.log.splitlines() if ln.strip()]
+    said = [ln[1:].strip() for ln in log if ln.startswith("E ")]  # pytest's error lines
+    cuda = [ln for ln in error + said + log if CUDA_ERROR.search(ln)] if phase == "run" else []
+    why = (cuda or error or [ln for ln in log if "rror" in ln][-1:] or log[-1:] or [""])[0][:300]
+    outcome = p.report.get("outcome")
+    if cuda:
+        outcome = "crash"
+    elif outcome not in OUTCOMES or outcome == "pass":
+        if p.rc == 0:
+            return "pass", ""
+        outcome = "build_error" if phase == "build" else "crash"  # failed without a verdict
+        outcome = "mismatch" if phase == "run" and "AssertionError" in p.log else outcome
+    return outcome, why
+
+
+@dataclass
+class Check:
+    """A label or a variant, built and (when it built) run."""
+
+    outcome: str
+    phase: str  # where it ended: build | run
+    build_s: float = 0.0
+    run_s: float = 0.0
+    cached: bool = False
+    report: dict = field(default_factory=dict)
+    detail: str = ""
+    log: str = ""
+
+
+def _digest(*paths: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+class Runner:
+    def __init__(self, bundle: Path, args: argparse.Namespace, devices: list[str | None]) -> None:
+        self.bundle = bundle
+        self.args = args
+        self.build_slots = threading.Semaphore(args.jobs)
+        self.gpus: queue.Queue[str | None] = queue.Queue()
+        for i in range(args.gpu_jobs):
+            self.gpus.put(devices[i % len(devices)])
+        self.env_key = f"{sys.version}|{_torch_version()}"
+        self._dir_locks: dict[Path, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def _dir_lock(self, path: Path) -> threading.Lock:
+        with self._locks_lock:
+            return self._dir_locks.setdefault(path, threading.Lock())
+
+    def check(self, test: Path, impl: Path, ref: Path, build_dir: Path) -> Check:
+        env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
+        env["KMINER_BUILD_DIR"] = str(build_dir)
+        marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
+        cached = None if self.args.rebuild else _read_json(marker)
+        if cached and cached.get("outcome") in CACHED:
+            built = Check(cached["outcome"], "build", cached=True, detail=cached.get("detail", ""))
+            built.log = cached.get("log", "")
+        else:
+            build_env = {
+                **env,
+                "KMINER_PHASE": "build",
+                "MAX_JOBS": os.environ.get("MAX_JOBS", "2"),
+            }
+            with self.build_slots:
+                p = run_test(test, build_env, self.args.build_timeout)
+            outcome, why = verdict("build", p, self.args.build_timeout)
+            built = Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
+            if outcome in CACHED:
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
+        if built.outcome != "pass":
+            return built
+        dev = self.gpus.get()
+        try:
+            run_env = {**env, "KMINER_PHASE": "run"}
+            if dev is not None:
+                run_env["CUDA_VISIBLE_DEVICES"] = dev
+            p = run_test(test, run_env, self.args.run_timeout)
+        finally:
+            self.gpus.put(dev)
+        outcome, why = verdict("run", p, self.args.run_timeout)
+        return Check(outcome, "run", built.build_s, p.seconds, built.cached, p.report, why, p.log)
+
+    def process(self, entry: dict) -> dict:
+        """The results.json entry of one manifest entry (never raises but `Interrupted`)."""
+        res = _entry("")
+        if not entry.get("reference"):
+            res.update(outcome="no_reference", detail="the manifest names no CPU reference")
+            return res
+        test, impl, ref = (self.bundle / entry[k] for k in ("test", "label", "reference"))
+        missing = [str(p.relative_to(self.bundle)) for p in (test, impl, ref) if not p.is_file()]
+        if missing:
+            res.update(outcome="build_error", phase="build", detail=f"missing: {missing[0]}")
+            return res
+        build_dir = self.bundle / ".build" / _digest(test, ref, extra=self.env_key)
+        with self._dir_lock(build_dir):  # torch's build lock assumes one module per folder
+            label = self.check(test, impl, ref, build_dir)
+            res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
+            res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
+            res.update(log_tail=label.log[-LOG_TAIL:])
+            if label.phase == "run":
+                cases = label.report.get("cases")
+                res["cases"] = cases if isinstance(cases, list) else []
+                res["kernel_time_us"] = label.report.get("kernel_time_us")
+            res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
+            if label.outcome != "pass":
+                return res
+            valid = killed = 0
+            for v in entry.get("variants") or []:
+                path = self.bundle / v["path"]
+                c = self.check(test, path, ref, build_dir) if path.is_file() else None
+                out = INVALID if c is None or c.phase == "build" else c.outcome
+                valid += out != INVALID
+                killed += out not in (INVALID, "pass")
+                item = {"kind": v.get("kind", ""), "path": v["path"], "outcome": out}
+                item["detail"] = c.detail if c else "missing file"
+                res["variants"].append(item)
+        if valid:
+            res["kill_rate"] = round(killed / valid, 4)
+        if valid > killed:
+            kinds = sorted({v["kind"] for v in res["variants"] if v["outcome"] == "pass"})
+            res.update(outcome="weak_test", detail=f"passed wrong variant(s): {', '.join(kinds)}")
+        return res
+
+
+def _entry(outcome: str, **fields) -> dict:
+    """A results.json entry with every field present."""
+    res = {"outcome": outcome, "phase": "", "cases": [], "kernel_time_us": None, "kill_rate": None}
+    res.update(variants=[], build_s=0.0, run_s=0.0, build_cached=False, detail="", log_tail="")
+    return {**res, **fields}
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, data) -> None:
+    """Atomically: a reader (or a killed run) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _torch_version() -> str:
+    """From the package metadata: importing torch here would cost seconds and touch nothing."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _gpus() -> tuple[list[str | None], str]:
+    """The GPUs to pin GPU slots to ([None]: no pinning) and the first one's name, from
+    nvidia-smi: this process never touches CUDA."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    rows = [ln.split(",", 1) for ln in out.splitlines() if "," in ln]
+    devices: list[str | None] = [r[0].strip() for r in rows]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    return devices or [None], rows[0][1].strip() if rows else ""
+
+
+def default_jobs() -> int:
+    """Parallel builds: one per core, but no more than one per 3 GB (nvcc with torch headers)."""
+    cpus = os.cpu_count() or 1
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return cpus
+    return max(1, min(cpus, mem_gb // 3))
+
+
+def load_manifest(path: Path) -> list[dict]:
+    """The entries, checked: relative paths inside the bundle, unique ids. ValueError if not."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: the manifest is not a list of entries")
+    seen: set[str] = set()
+    for i, e in enumerate(data):
+        ok = isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("id", "test", "label"))
+        ok = ok and (e.get("reference") is None or isinstance(e["reference"], str))
+        variants = e.get("variants") or [] if isinstance(e, dict) else []
+        ok = ok and isinstance(variants, list)
+        ok = ok and all(isinstance(v, dict) and isinstance(v.get("path"), str) for v in variants)
+        if not ok:
+            raise ValueError(f"{path}: entry {i} lacks id/test/label or has bad fields")
+        paths = [e["test"], e["label"], e.get("reference") or "", *(v["path"] for v in variants)]
+        if any(p.startswith("/") or ".." in Path(p).parts for p in paths):
+            raise ValueError(f"{path}: entry {e['id']} has a path outside the bundle")
+        if e["id"] in seen or not re.fullmatch(r"[\w.-]+", e["id"]):
+            raise ValueError(f"{path}: duplicate or odd id {e['id']!r}")
+        seen.add(e["id"])
+    return data
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Run a kminer verification bundle.")
+    ap.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--out", type=Path, default=Path("results.json"))
+    ap.add_argument("--jobs", type=int, default=0, help="parallel builds (default: by cores/RAM)")
+    ap.add_argument("--gpu-jobs", type=int, default=0, help="parallel GPU runs (default: 1/GPU)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="ID")
+    ap.add_argument("--resume", action="store_true", help="skip ids already in --out")
+    ap.add_argument("--rebuild", action="store_true", help="ignore cached build verdicts")
+    ap.add_argument("--build-timeout", type=float, default=900.0)
+    ap.add_argument("--run-timeout", type=float, default=180.0)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bundle = args.bundle.resolve()
+    try:
+        manifest = load_manifest(bundle / "manifest.json")
+    except ValueError as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 2
+    devices, gpu_name = _gpus()
+    args.jobs = args.jobs if args.jobs > 0 else default_jobs()
+    args.gpu_jobs = args.gpu_jobs if args.gpu_jobs > 0 else len(devices)
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    results = {"gpu": "", "torch": "", "cuda": "", "started": now}  # the tests' reports fill these
+    results["entries"] = {}
+    if args.resume and args.out.exists():
+        prev = _read_json(args.out)
+        if not isinstance(prev, dict) or not isinstance(prev.get("entries"), dict):
+            print(f"run.py: {args.out}: not a results file, will not resume it", file=sys.stderr)
+            return 2
+        results.update(prev)
+    seen = {k for k in ("gpu", "torch", "cuda") if results[k]}  # values from the tests' reports
+    known = {e["id"] for e in manifest}
+    for eid in sorted(set(args.only or ()) - known):
+        print(f"run.py: --only {eid}: not in the manifest", file=sys.stderr)
+    order = {e["id"]: i for i, e in enumerate(manifest)}
+    todo = [e for e in manifest if args.only is None or e["id"] in args.only]
+    todo = [e for e in todo if e["id"] not in results["entries"]]
+    results["gpu"] = results["gpu"] or gpu_name
+    results["torch"] = results["torch"] or _torch_version()
+    runner = Runner(bundle, args, devices)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    pool = cf.ThreadPoolExecutor(max_workers=2 * args.jobs + args.gpu_jobs)
+    try:
+        futures = {pool.submit(_guarded, runner, e): e["id"] for e in todo}
+        for done, fut in enumerate(cf.as_completed(futures), 1):
+            eid, res = futures[fut], fut.result()
+            for key, value in (res.pop("_env", None) or {}).items():
+                if value and key not in seen:
+                    results[key] = str(value)
+                    seen.add(key)
+            entries = {**results["entries"], eid: res}
+            results["entries"] = dict(sorted(entries.items(), key=lambda kv: order.get(kv[0], -1)))
+            _write_json(args.out, results)
+            rate = "" if res["kill_rate"] is None else f" kill_rate {res['kill_rate']:.2f}"
+            print(f"[{done}/{len(todo)}] {eid} {res['outcome']}{rate} {res['detail']}", flush=True)
+    except KeyboardInterrupt:
+        stop_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        print("run.py: stopped; results so far are in the output file", file=sys.stderr)
+        return 130
+    pool.shutdown(wait=True)
+    if not todo:
+        _write_json(args.out, results)
+    return 0
+
+
+def _guarded(runner: Runner, entry: dict) -> dict:
+    """A bug of the runner on one entry is recorded on that entry; the batch goes on."""
+    try:
+        return runner.process(entry)
+    except Interrupted:
+        raise
+    except Exception as e:
+        res = _entry("crash", detail=f"runner error: {e!r}"[:300])
+        res["log_tail"] = traceback.format_exc()[-LOG_TAIL:]
+        return res
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

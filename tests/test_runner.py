@@ -1,0 +1,570 @@
+"""The verification runner (testgen/runner.py, a bundle's run.py) and bundle (testgen/bundle.py).
+
+run.py always runs as a real subprocess on a real bundle folder. Without a GPU its tests are
+stand-ins that follow the contract (fixtures/runner/fake/fake_check.py: what each one does is
+written in the label it is given); `slow` builds real CPU extensions; `gpu` runs real CUDA labels
+that pass, write to an illegal address and spin forever. kminer's own modules are imported inside
+the bundle tests only: the GPU box has python, torch and pytest, not pydantic.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from testgen import runner
+
+ROOT = Path(__file__).parent.parent
+RUNNER = ROOT / "testgen" / "runner.py"
+FAKE = Path(__file__).parent / "fixtures" / "runner" / "fake"
+CUDA = Path(__file__).parent / "fixtures" / "runner" / "cuda"
+TIMING = ("build_s", "run_s", "build_cached", "log_tail")
+
+
+def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -> Path:
+    """A bundle folder as write_bundle lays it out. Entry: {id, label: Path, variants: [(kind,
+    Path)], group, reference: bool}; tests of one group are byte-identical (one build folder)."""
+    for sub in ("tests", "labels", "references", "variants"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    shutil.copy(RUNNER, root / "run.py")
+    ref = f"references/ref{reference.suffix}"
+    shutil.copy(reference, root / ref)
+    manifest = []
+    for e in entries:
+        eid = e["id"]
+        test = f"tests/{eid}.py"
+        (root / test).write_text(check.read_text() + f"\n# group {e.get('group', eid)}\n")
+        label = f"labels/{eid}{e['label'].suffix}"
+        shutil.copy(e["label"], root / label)
+        variants = []
+        for n, (kind, src) in enumerate(e.get("variants", [])):
+            variants.append({"kind": kind, "path": f"variants/{eid}.{n}{src.suffix}"})
+            shutil.copy(src, root / variants[-1]["path"])
+        entry = {"id": eid, "test": test, "label": label, "variants": variants}
+        manifest.append({**entry, "reference": ref if e.get("reference", True) else None})
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root
+
+
+def run_py(bundle: Path, *args: str, log: Path | None = None, timeout: float = 300):
+    env = {**os.environ, "FAKE_LOG": str(log)} if log else None
+    argv = [sys.executable, str(bundle / "run.py"), *args]
+    return subprocess.run(
+        argv, cwd=bundle, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def fake_log(path: Path) -> list[list[str]]:
+    """[step, impl name, impl hash, build dir, pid] per line the fake tests wrote."""
+    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def same(a: dict, b: dict) -> bool:
+    """Two entries agree on everything but timings and the build cache."""
+    return {k: v for k, v in a.items() if k not in TIMING} == {
+        k: v for k, v in b.items() if k not in TIMING
+    }
+
+
+def fake(name: str) -> Path:
+    return FAKE / f"{name}.cu"
+
+
+BATCH = [
+    {
+        "id": "good",
+        "label": fake("pass"),
+        "group": "shared",
+        "variants": [
+            ("off_by_one", fake("v_mismatch")),
+            ("no_write", fake("v_nobuild")),
+            ("op_swap", fake("v_segv")),
+        ],
+    },
+    {
+        "id": "weak",
+        "label": fake("pass"),
+        "group": "shared",
+        "variants": [("op_swap", fake("v_pass")), ("off_by_one", fake("v_mismatch"))],
+    },
+    *(
+        {"id": n, "label": fake(n)}
+        for n in ("mismatch", "segv", "hang", "nobuild", "importerr", "cudaerr", "hangbuild")
+    ),
+    {"id": "asserts", "label": fake("asserts")},
+    {"id": "noref", "label": fake("pass"), "reference": False},
+]
+FAKE_CASES = [
+    {
+        "id": "case_0",
+        "shape": [[4, 8]],
+        "dtype": "float32",
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "ok": True,
+    },
+    {
+        "id": "case_1",
+        "shape": [[1024]],
+        "dtype": "float32",
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "ok": True,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """The whole fake batch, run once: (bundle, results, the fake log of that run, the process)."""
+    bundle = make_bundle(
+        tmp_path_factory.mktemp("batch"), FAKE / "fake_check.py", FAKE / "ref.cpp", BATCH
+    )
+    log = bundle / "fake.log"
+    args = ["--out", "results.json", "--jobs", "3", "--gpu-jobs", "2"]
+    proc = run_py(bundle, *args, "--build-timeout", "8", "--run-timeout", "5", log=log)
+    results = json.loads((bundle / "results.json").read_text())
+    return bundle, results, fake_log(log), proc
+
+
+def test_batch_completes_with_every_outcome(batch):
+    _, results, _, proc = batch
+    assert proc.returncode == 0, proc.stderr
+    outcomes = {eid: (e["outcome"], e["phase"]) for eid, e in results["entries"].items()}
+    assert outcomes == {
+        "good": ("pass", "run"),
+        "weak": ("weak_test", "run"),
+        "mismatch": ("mismatch", "run"),
+        "segv": ("crash", "run"),
+        "hang": ("timeout", "run"),
+        "nobuild": ("build_error", "build"),
+        "importerr": ("import_error", "build"),
+        "cudaerr": ("crash", "run"),
+        "hangbuild": ("timeout", "build"),
+        "asserts": ("mismatch", "run"),
+        "noref": ("no_reference", ""),
+    }
+    assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
+    assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
+        "gpu": "FakeGPU 80GB",
+        "torch": "0.0.0+fake",
+        "cuda": "12.9",
+    }
+    assert results["started"].startswith("20") and "T" in results["started"]
+    assert proc.stdout.count("\n") == len(BATCH)  # one progress line per entry
+
+
+def test_entry_fields(batch):
+    entries = batch[1]["entries"]
+    good = entries["good"]
+    assert good["cases"] == FAKE_CASES
+    assert good["kernel_time_us"] == 12.5
+    assert good["kill_rate"] == 1.0
+    assert good["detail"] == ""
+    assert good["build_s"] > 0 and good["run_s"] > 0 and good["build_cached"] is False
+    assert "1 passed" in good["log_tail"]
+    assert [(v["kind"], v["path"], v["outcome"]) for v in good["variants"]] == [
+        ("off_by_one", "variants/good.0.cu", "mismatch"),
+        ("no_write", "variants/good.1.cu", "invalid"),  # does not build: not a kill
+        ("op_swap", "variants/good.2.cu", "crash"),
+    ]
+    assert good["variants"][1]["detail"] == "label.cu(3): error: expected a ';'"
+    assert good["variants"][2]["detail"] == "run killed by SIGSEGV"
+    weak = entries["weak"]
+    assert weak["kill_rate"] == 0.5
+    assert [(v["kind"], v["outcome"]) for v in weak["variants"]] == [
+        ("op_swap", "pass"),
+        ("off_by_one", "mismatch"),
+    ]
+    assert weak["detail"] == "passed wrong variant(s): op_swap"
+    mismatch = entries["mismatch"]
+    assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
+    assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
+    assert entries["segv"]["detail"] == "run killed by SIGSEGV"
+    assert entries["hang"]["detail"] == "run timed out after 5s"
+    assert entries["hangbuild"]["detail"] == "build timed out after 8s"
+    assert entries["nobuild"]["detail"] == "label.cu(3): error: expected a ';'"
+    assert entries["importerr"]["detail"] == "ImportError: undefined symbol: _Z3foov"
+    assert "illegal memory access" in entries["cudaerr"]["detail"]
+    assert "wrong values" in entries["asserts"]["detail"]
+    assert entries["noref"]["build_s"] == 0.0 and entries["noref"]["cases"] == []
+    for e in entries.values():
+        assert e["outcome"] in runner.OUTCOMES
+        assert set(e) == set(entries["good"])
+
+
+def test_each_source_built_once_and_reference_once_per_candidate(batch):
+    _, _, log, _ = batch
+    builds = collections.Counter(line[2] for line in log if line[0] == "build")
+    assert set(builds.values()) == {1}  # the same label or variant is never built twice
+    # pass.cu (good, weak) and v_mismatch (good, weak) are each built once for the two entries
+    sources = {fake(n).read_bytes() for n in ("pass", "v_mismatch", "v_nobuild", "v_segv")}
+    sources |= {fake(n).read_bytes() for n in ("v_pass", "mismatch", "segv", "hang", "nobuild")}
+    sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
+    assert len(builds) == len(sources) == 13
+    dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
+    for _step, name, _, build_dir, _ in log:
+        dirs[name.split(".")[0]].add(build_dir)
+    assert all(len(d) == 1 for d in dirs.values())
+    assert dirs["good"] == dirs["weak"]  # byte-identical test and reference
+    assert len({d for name, (d,) in dirs.items() if name != "weak"}) == len(dirs) - 1
+    refbuilds = [line for line in log if line[0] == "refbuild"]
+    assert len(refbuilds) == len({line[3] for line in refbuilds}) == len(dirs) - 1
+
+
+def test_second_run_builds_nothing(batch):
+    bundle, results, _, _ = batch
+    log = bundle / "fake.log"
+    before = len(fake_log(log))
+    ids = ["good", "weak", "mismatch", "segv", "nobuild", "importerr"]  # in manifest order
+    proc = run_py(bundle, "--out", "again.json", "--only", *ids, "--jobs", "3", log=log)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((bundle / "again.json").read_text())["entries"]
+    assert list(again) == ids
+    new = fake_log(log)[before:]
+    assert [line[0] for line in new if line[0] != "run"] == []  # build verdicts come from the cache
+    for eid in ids:
+        assert same(again[eid], results["entries"][eid]), eid
+        assert again[eid]["build_cached"] is True and again[eid]["build_s"] == 0.0
+
+
+def test_resume_skips_what_is_done(batch):
+    bundle, results, _, _ = batch
+    log = bundle / "fake.log"
+    partial = json.loads(json.dumps(results))
+    for eid in ("mismatch", "asserts", "noref"):
+        del partial["entries"][eid]
+    (bundle / "partial.json").write_text(json.dumps(partial))
+    before = len(fake_log(log))
+    proc = run_py(bundle, "--out", "partial.json", "--resume", log=log)
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads((bundle / "partial.json").read_text())
+    assert {line[1] for line in fake_log(log)[before:]} == {"mismatch.cu", "asserts.cu"}
+    assert list(resumed["entries"]) == list(results["entries"])
+    for eid, e in resumed["entries"].items():
+        if eid in ("mismatch", "asserts", "noref"):
+            assert same(e, results["entries"][eid]), eid
+        else:
+            assert e == results["entries"][eid], eid  # untouched, timings included
+    assert resumed["started"] == results["started"]
+
+
+def test_interrupted_run_keeps_what_it_did(tmp_path):
+    entries = [{"id": "quick", "label": fake("pass")}, {"id": "stuck", "label": fake("hang")}]
+    bundle = make_bundle(tmp_path / "b", FAKE / "fake_check.py", FAKE / "ref.cpp", entries)
+    log = bundle / "fake.log"
+    argv = [sys.executable, str(bundle / "run.py"), "--out", "results.json", "--gpu-jobs", "2"]
+    env = {**os.environ, "FAKE_LOG": str(log)}
+    proc = subprocess.Popen([*argv, "--run-timeout", "600"], cwd=bundle, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stuck = [line for line in fake_log(log) if line[:2] == ["run", "stuck.cu"]]
+            out = runner._read_json(bundle / "results.json") or {}
+            if stuck and "quick" in out.get("entries", {}):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the batch did not get going")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = json.loads((bundle / "results.json").read_text())
+    assert list(out["entries"]) == ["quick"] and out["entries"]["quick"]["outcome"] == "pass"
+    pid = int(stuck[0][4])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the hanging test went with the runner
+
+
+def test_verdicts():
+    def proc(rc=1, timed_out=False, report=None, log=""):
+        return runner.Proc(rc, timed_out, 1.0, report or {}, log)
+
+    assert runner.verdict("run", proc(rc=None, timed_out=True), 3) == (
+        "timeout",
+        "run timed out after 3s",
+    )
+    assert runner.verdict("run", proc(rc=-9), 3) == ("crash", "run killed by SIGKILL")
+    assert runner.verdict("build", proc(rc=-11), 3) == ("crash", "build killed by SIGSEGV")
+    misaligned = "E   RuntimeError: CUDA error: misaligned address"
+    assert runner.verdict("run", proc(rc=0, report={"outcome": "pass"}, log=misaligned), 3) == (
+        "crash",
+        "RuntimeError: CUDA error: misaligned address",
+    )
+    # the build phase reads no CUDA error into the compiler's output
+    assert runner.verdict("build", proc(rc=0, log="device-side assert"), 3) == ("pass", "")
+    assert runner.verdict("run", proc(report={"outcome": "mismatch", "error": "case_1"}), 3) == (
+        "mismatch",
+        "case_1",
+    )
+    assert (
+        runner.verdict("run", proc(report={"outcome": "pass"}, log="x\nAssertionError"), 3)[0]
+        == "mismatch"
+    )
+    assert runner.verdict("run", proc(rc=2, log="ERROR collecting"), 3) == (
+        "crash",
+        "ERROR collecting",
+    )
+    assert runner.verdict("build", proc(rc=1, log="boom"), 3) == ("build_error", "boom")
+    assert runner.verdict("run", proc(rc=0, report={"outcome": "nonsense"}), 3) == ("pass", "")
+
+
+@pytest.mark.parametrize(
+    "manifest, message",
+    [
+        ("not json", "unreadable manifest"),
+        ({"id": "x"}, "not a list"),
+        ([{"id": "x", "test": "t.py"}], "entry 0 lacks"),
+        ([{"id": "x", "test": "../t.py", "label": "l.cu"}], "outside the bundle"),
+        ([{"id": "x", "test": "t.py", "label": "/etc/passwd"}], "outside the bundle"),
+        ([{"id": "x", "test": "t.py", "label": "l.cu", "variants": [{"kind": "k"}]}], "entry 0"),
+        ([{"id": "x", "test": "t.py", "label": "l.cu"}] * 2, "duplicate"),
+    ],
+)
+def test_bad_manifest(tmp_path, capsys, manifest, message):
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    (tmp_path / "manifest.json").write_text(text)
+    assert runner.main(["--bundle", str(tmp_path), "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------- bundle: write and ingest
+
+
+def _candidates(workdir: Path):
+    """Candidates with their files in `workdir`: a (passes, 2 variants), b (mismatch), c (no
+    reference), d (no test yet: not bundled), e (its label is gone: skipped)."""
+    from miner.candidate import Candidate, Kernel, Provenance, Reference, Tests, Wrapper
+
+    def cand(cid, label=None, ref=True, variants=(), test=True):
+        for sub in ("labels", "tests", "refs", "variants"):
+            (workdir / sub).mkdir(parents=True, exist_ok=True)
+        wrapper = Wrapper(label_path=f"labels/{cid}.cu", label_hash=f"lh-{cid}")
+        if label:
+            shutil.copy(fake(label), workdir / wrapper.label_path)
+        tests = Tests(path=f"tests/test_{cid}.py" if test else "", hash=f"th-{cid}")
+        if test:
+            shutil.copy(FAKE / "fake_check.py", workdir / tests.path)
+        for n, (kind, name) in enumerate(variants):
+            tests.variants.append(f"variants/{cid}_{n}.cu")
+            tests.variant_kinds.append(kind)
+            shutil.copy(fake(name), workdir / tests.variants[-1])
+        reference = Reference(kind="cpp", path=f"refs/{cid}.cpp" if ref else "", hash=f"rh-{cid}")
+        if ref:
+            shutil.copy(FAKE / "ref.cpp", workdir / reference.path)
+        kernel = Kernel(name="k", file="k.cu", line=1, start_line=1, end_line=2, source="")
+        provenance = Provenance(repo_url="https://example.com/r", commit="0" * 40)
+        return Candidate(
+            id=cid,
+            provenance=provenance,
+            kernel=kernel,
+            wrapper=wrapper,
+            reference=reference,
+            tests=tests,
+        )
+
+    return [
+        cand("a", "pass", variants=[("off_by_one", "v_mismatch"), ("no_write", "v_nobuild")]),
+        cand("b", "mismatch"),
+        cand("c", "pass", ref=False),
+        cand("d", "pass", test=False),
+        cand("e", None),
+    ]
+
+
+def test_write_bundle_run_and_ingest(tmp_path):
+    pytest.importorskip("pydantic")
+    from miner.candidate import Reason, Stage, Status
+    from testgen.bundle import ingest, write_bundle
+
+    cands = _candidates(tmp_path / "work")
+    info = write_bundle(tmp_path / "work", cands, tmp_path / "out" / "verify.tar.gz")
+    assert info.ids == ["a", "b", "c"]
+    assert info.skipped == {"e": "label missing: labels/e.cu"}
+    blob = info.path.read_bytes()
+    assert (
+        write_bundle(
+            tmp_path / "work", cands, tmp_path / "again" / "verify.tar.gz"
+        ).path.read_bytes()
+        == blob
+    )
+    with tarfile.open(info.path) as tar:
+        names = sorted(m.name for m in tar.getmembers())
+        run_py_member = tar.getmember("verify/run.py")
+        assert run_py_member.mode == 0o755
+        assert tar.extractfile(run_py_member).read() == RUNNER.read_bytes()
+        tar.extractall(tmp_path / "box", filter="data")
+    assert names == [
+        "verify/README.txt",
+        "verify/labels/a.cu",
+        "verify/labels/b.cu",
+        "verify/labels/c.cu",
+        "verify/manifest.json",
+        "verify/references/a.cpp",
+        "verify/references/b.cpp",
+        "verify/run.py",
+        "verify/tests/a.py",
+        "verify/tests/b.py",
+        "verify/tests/c.py",
+        "verify/variants/a.0.off_by_one.cu",
+        "verify/variants/a.1.no_write.cu",
+    ]
+    box = tmp_path / "box" / "verify"
+    manifest = json.loads((box / "manifest.json").read_text())
+    assert manifest[0] == {
+        "id": "a",
+        "test": "tests/a.py",
+        "label": "labels/a.cu",
+        "reference": "references/a.cpp",
+        "variants": [
+            {"kind": "off_by_one", "path": "variants/a.0.off_by_one.cu"},
+            {"kind": "no_write", "path": "variants/a.1.no_write.cu"},
+        ],
+    }
+    assert manifest[2]["reference"] is None
+    assert "python run.py" in (box / "README.txt").read_text()
+
+    proc = run_py(box, "--out", str(tmp_path / "results.json"), "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    done = ingest(tmp_path / "results.json", cands)
+    assert [c.id for c in done] == ["a", "b", "c"]
+    a, b, c = (x.stage(Stage.VERIFY) for x in done)
+    assert (a.status, a.reason, a.detail) == (Status.OK, None, "")
+    assert a.metrics == {
+        "outcome": "pass",
+        "kill_rate": 1.0,
+        "kernel_time_us": 12.5,
+        "gpu": "FakeGPU 80GB",
+        "torch": "0.0.0+fake",
+        "cuda": "12.9",
+        "cases": FAKE_CASES,
+    }
+    assert a.seconds > 0 and len(a.key) == 16
+    assert (b.status, b.reason, b.metrics["outcome"]) == (Status.ERROR, Reason.MISMATCH, "mismatch")
+    assert "differs from the reference" in b.detail
+    assert (c.status, c.reason, c.metrics["kill_rate"]) == (Status.ERROR, Reason.NO_REFERENCE, None)
+    assert cands[3].stage(Stage.VERIFY) is None and cands[4].stage(Stage.VERIFY) is None
+
+
+@pytest.mark.parametrize("outcome", runner.OUTCOMES)
+def test_ingest_maps_every_outcome(tmp_path, outcome):
+    pytest.importorskip("pydantic")
+    from miner.candidate import Reason, Stage, Status
+    from testgen.bundle import ingest
+
+    (cand,) = _candidates(tmp_path / "work")[1:2]
+    entry = {"outcome": outcome, "cases": [], "kill_rate": None, "detail": "why", "build_s": 1.5}
+    (tmp_path / "r.json").write_text(json.dumps({"gpu": "H100", "entries": {"b": entry}}))
+    (done,) = ingest(tmp_path / "r.json", [cand])
+    result = done.stage(Stage.VERIFY)
+    assert result.status == (Status.OK if outcome == "pass" else Status.ERROR)
+    assert result.reason == (None if outcome == "pass" else Reason(outcome))
+    assert result.metrics["outcome"] == outcome and result.metrics["gpu"] == "H100"
+    assert result.metrics["torch"] == "" and result.seconds == 1.5 and result.detail == "why"
+
+
+def test_ingest_reports_unknown_ids_and_rejects_bad_files(tmp_path, caplog):
+    pytest.importorskip("pydantic")
+    from testgen.bundle import ingest
+
+    cands = _candidates(tmp_path / "work")
+    good = {"outcome": "pass", "cases": []}
+    (tmp_path / "r.json").write_text(json.dumps({"entries": {"a": good, "zz": good}}))
+    with caplog.at_level("WARNING"):
+        assert [c.id for c in ingest(tmp_path / "r.json", cands)] == ["a"]
+    assert "zz" in caplog.text
+    bad = [
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({"entries": {"a": "pass"}}),
+        json.dumps({"entries": {"a": {"outcome": "exploded"}}}),
+        json.dumps({"entries": {"a": {"outcome": "pass", "kill_rate": "high"}}}),
+        json.dumps({"entries": {"a": {"outcome": "pass", "cases": {}}}}),
+    ]
+    for text in bad:
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError) as err:
+            ingest(tmp_path / "bad.json", cands)
+        assert "\n" not in str(err.value) and "bad.json" in str(err.value)
+    with pytest.raises(ValueError, match="No such file"):
+        ingest(tmp_path / "missing.json", cands)
+
+
+# ---------------------------------------------------------------- real extensions
+
+
+@pytest.mark.slow
+def test_cpu_extensions_through_the_runner(tmp_path):
+    """The contract with real torch extensions, on the CPU: a label that passes and kills its
+    wrong variant, and the wrong one as a label; both share one build folder and one reference."""
+    entries = [
+        {
+            "id": "a",
+            "label": CUDA / "cpu_good.cpp",
+            "group": "cpu",
+            "variants": [("op_swap", CUDA / "cpu_wrong.cpp")],
+        },
+        {"id": "b", "label": CUDA / "cpu_wrong.cpp", "group": "cpu"},
+    ]
+    bundle = make_bundle(tmp_path / "b", CUDA / "affine_check.py", CUDA / "ref.cpp", entries)
+    proc = run_py(bundle, "--out", "results.json", "--jobs", "2", timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    entries = json.loads((bundle / "results.json").read_text())["entries"]
+    a, b = entries["a"], entries["b"]
+    assert (a["outcome"], a["kill_rate"], a["variants"][0]["outcome"]) == ("pass", 1.0, "mismatch")
+    assert [c["ok"] for c in a["cases"]] == [True, True] and a["kernel_time_us"] > 0
+    assert set(a["cases"][0]) == {"id", "shape", "dtype", "max_abs", "max_rel", "ok"}
+    assert b["outcome"] == "mismatch" and b["cases"][0]["max_abs"] == pytest.approx(1.0)
+    (build_dir,) = (bundle / ".build").iterdir()
+    modules = sorted(p.name.rsplit("_", 1)[0] for p in build_dir.glob("kminer_*"))
+    assert modules == ["kminer_label", "kminer_label", "kminer_reference"]  # reference built once
+
+
+@pytest.mark.gpu
+def test_gpu_crash_hang_and_pass(tmp_path):
+    """Real CUDA labels: one that is right (and kills its wrong variant), one that writes to an
+    illegal address, one that never ends. The batch finishes, and a rerun rebuilds nothing."""
+    entries = [
+        {
+            "id": "good",
+            "label": CUDA / "good.cu",
+            "variants": [("op_swap", CUDA / "wrong.cu"), ("no_write", CUDA / "broken.cu")],
+        },
+        {"id": "oob", "label": CUDA / "oob.cu"},
+        {"id": "spin", "label": CUDA / "spin.cu"},
+    ]
+    bundle = make_bundle(tmp_path / "b", CUDA / "affine_check.py", CUDA / "ref.cpp", entries)
+    args = ["--build-timeout", "900", "--run-timeout", "60"]
+    proc = run_py(bundle, "--out", "results.json", *args, timeout=1500)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((bundle / "results.json").read_text())
+    good, oob, spin = (results["entries"][k] for k in ("good", "oob", "spin"))
+    assert good["outcome"] == "pass", good["log_tail"]
+    assert good["kill_rate"] == 1.0
+    assert [(v["kind"], v["outcome"]) for v in good["variants"]] == [
+        ("op_swap", "mismatch"),
+        ("no_write", "invalid"),
+    ]
+    assert all(c["ok"] for c in good["cases"]) and good["kernel_time_us"] > 0
+    assert oob["outcome"] == "crash", oob["log_tail"]
+    assert "illegal memory access" in oob["detail"].lower()
+    assert (spin["outcome"], spin["phase"]) == ("timeout", "run"), spin["log_tail"]
+    assert results["gpu"] and results["cuda"] and results["torch"]
+    again = run_py(bundle, "--out", "again.json", "--only", "good", *args, timeout=900)
+    assert again.returncode == 0, again.stderr
+    rerun = json.loads((bundle / "again.json").read_text())["entries"]["good"]
+    assert (rerun["outcome"], rerun["build_cached"], rerun["kill_rate"]) == ("pass", True, 1.0)
