@@ -1,0 +1,193 @@
+"""Which arguments to hand the repository's CPU function when a test calls the mined launcher.
+
+A test calls the label's exposed function (the launcher) and the reference with the same
+arguments. The CPU function, though, takes the op's arguments: mmcv's `roi_align_forward_cpu`
+has the signature of `roi_align_forward_cuda`, which calls `ROIAlignForwardCUDAKernelLauncher`
+with its own parameters, in some order. Reading those calls backwards (each launcher argument
+that is a plain parameter of its caller, possibly `.contiguous()` or cast) tells which launcher
+parameter carries each op parameter. An op parameter that reaches the launcher only inside a
+computation (`by * 2`) cannot be recovered, and then there is no adapter: we say so.
+
+Text only (comment-blanked code in, C++ expressions out), so it is tested without a repository.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from miner.filemodel import CPP_KEYWORDS
+from miner.textprep import split_top
+from wrappers.signature import Signature
+
+_IDENT = re.compile(r"(?<![\w.:>])(?<!->)[A-Za-z_]\w*")
+_PARENS = re.compile(r"^\((.*)\)$", re.DOTALL)
+# wrappers that keep an argument's value: casts, moves, contiguity, dereferenced optionals
+_KEEP_VALUE = (
+    re.compile(r"^(?:std::)?move\s*\((.*)\)$", re.DOTALL),
+    re.compile(r"^(?:static|reinterpret|const)_cast\s*<[^()]*>\s*\((.*)\)$", re.DOTALL),
+    re.compile(r"^\(\s*(?:const\s+)?[\w:]+(?:\s*[*&])?\s*\)\s*(.+)$", re.DOTALL),
+    re.compile(r"^(?:int|float|double|bool|long|int64_t|int32_t|size_t)\s*\((.*)\)$", re.DOTALL),
+    re.compile(r"^(.*?)\s*\.\s*(?:contiguous|clone|detach)\s*\(\s*\)$", re.DOTALL),
+)
+
+
+@dataclass
+class Call:
+    callee: str
+    args: list[str]
+
+
+def call_args(body: str, callee: str) -> list[str] | None:
+    """Arguments of the first call of `callee` in a function's text (its body only, so the
+    declarator never counts); None when it does not call it."""
+    brace = body.find("{")
+    if brace < 0:
+        return None
+    pattern = re.compile(rf"(?<![\w.>])(?:[\w]+::)*{re.escape(callee)}\s*(?:<[^<>;{{}}]*>)?\s*\(")
+    for m in pattern.finditer(body, brace):
+        depth = 0
+        for j in range(m.end() - 1, len(body)):
+            depth += (body[j] == "(") - (body[j] == ")")
+            if depth == 0:
+                return [" ".join(a.split()) for a in split_top(body[m.end() : j])]
+        return None
+    return None
+
+
+def plain_name(expr: str) -> str | None:
+    """The parameter an argument expression passes on unchanged in value, or None."""
+    expr = expr.strip()
+    for _ in range(8):
+        if re.fullmatch(r"[A-Za-z_]\w*", expr):
+            return expr
+        for pattern in (_PARENS, *_KEEP_VALUE):
+            m = pattern.match(expr)
+            if m:
+                expr = m.group(1).strip()
+                break
+        else:
+            return None
+    return None
+
+
+def invert(caller_params: list[str], callee_params: list[str], args: list[str]) -> dict[str, int]:
+    """caller parameter → index of the callee parameter that receives it unchanged."""
+    out: dict[str, int] = {}
+    for i, arg in enumerate(args[: len(callee_params)]):
+        name = plain_name(arg)
+        if name in caller_params and name not in out:
+            out[name] = i
+    return out
+
+
+def names_in(expr: str) -> set[str]:
+    """Unqualified identifiers an expression reads (not members, not `ns::` parts)."""
+    return set(_IDENT.findall(expr)) - CPP_KEYWORDS - {"true", "false", "nullptr"}
+
+
+def substitute(expr: str, mapping: dict[str, str]) -> str:
+    """`expr` with every free occurrence of a mapped identifier replaced."""
+    return _IDENT.sub(lambda m: mapping.get(m.group(0), m.group(0)), expr)
+
+
+def locals_of(body: str) -> set[str]:
+    """Names a function body declares or assigns (`int n = ...`, `auto t = ...`)."""
+    brace = body.find("{")
+    text = body[brace:] if brace >= 0 else body
+    found = set(re.findall(r"[\w>&*]\s+([A-Za-z_]\w*)\s*(?:=[^=]|;|\{|\()", text))
+    return found - CPP_KEYWORDS
+
+
+@dataclass
+class Step:
+    """`caller` (with these parameter names) calls `callee` with `args`."""
+
+    caller: str
+    caller_params: list[str]
+    callee: str
+    callee_params: list[str]
+    args: list[str]
+
+
+def map_arguments(
+    steps: list[Step],
+    exposed_params: list[str],
+    cpu_args: list[str],
+    bridge_locals: set[str],
+    cpu_fn: str,
+) -> list[str] | str:
+    """The CPU call's arguments over the exposed function's parameters, or why there are none.
+
+    `steps` go upward: steps[0].callee is the exposed function, steps[-1].caller the bridge (the
+    function whose parameters `cpu_args` are written in). With no steps the exposed function is
+    the bridge itself."""
+    env = {p: p for p in exposed_params if p}
+    bridge = steps[-1].caller if steps else ""
+    for step in steps:
+        back = invert(step.caller_params, step.callee_params, step.args)
+        env = {
+            p: env[step.callee_params[i]] for p, i in back.items() if step.callee_params[i] in env
+        }
+    params = set(steps[-1].caller_params) if steps else set(exposed_params)
+    out = []
+    for arg in cpu_args:
+        for name in sorted(names_in(arg)):
+            if name in env:
+                continue
+            if name in params:
+                last = steps[-1] if steps else None
+                seen = [a for a in (last.args if last else []) if name in names_in(a)]
+                how = f"only as `{'`, `'.join(seen)}`" if seen else "not at all"
+                return (
+                    f"not invertible: {bridge}'s parameter `{name}` (an argument of {cpu_fn}) "
+                    f"reaches {last.callee if last else bridge} {how}"
+                )
+            if name in bridge_locals:
+                return f"not invertible: {cpu_fn} gets `{arg}`, a local value of {bridge}"
+        out.append(substitute(arg, env))
+    return out
+
+
+def core_type(type_text: str) -> str:
+    """A parameter type without qualifiers and references, for comparing signatures."""
+    text = re.sub(r"\b(const|volatile|typename|struct)\b|&", " ", type_text)
+    return " ".join(text.replace("*", " * ").split()).replace("< ", "<").replace(" >", ">")
+
+
+def adapter(
+    exposed: Signature,
+    cpu: str,
+    args: list[str],
+    enums: frozenset[str],
+    cpu_sig: Signature | None,
+    note: str,
+) -> tuple[str, str]:
+    """(C++ code, what `m.def("reference", ...)` binds). The CPU function itself when it has
+    the exposed signature (`cpu_sig`, None when overloaded) and takes it unchanged; else
+    `kminer_ref::reference(<exposed parameters>)` calling it with `args`. Enum parameters are
+    taken as integers, as the label's binding does."""
+    core = [core_type(t) for t, _ in exposed.params]
+    if (
+        cpu_sig is not None
+        and args == [n for _, n in exposed.params]
+        and [core_type(t) for t, _ in cpu_sig.params] == core
+        and core_type(cpu_sig.returns) == core_type(exposed.returns)
+        and not enums.intersection(core)
+    ):
+        return "", f"&{cpu}"
+    decl, cast = [], {}
+    for (t, n), c in zip(exposed.params, core, strict=True):
+        if c in enums:
+            decl.append(f"int64_t {n}")
+            cast[n] = f"static_cast<{c}>({n})"
+        else:
+            decl.append(f"{t} {n}")
+    call = f"{cpu}({', '.join(substitute(a, cast) for a in args)})"
+    code = (
+        f"// kminer: {note}\nnamespace kminer_ref {{\nusing at::Tensor;\n"
+        f"{exposed.returns} reference({', '.join(decl)}) {{\n"
+        f"  {'' if exposed.returns == 'void' else 'return '}{call};\n}}\n"
+        "}  // namespace kminer_ref\n"
+    )
+    return code, "&kminer_ref::reference"

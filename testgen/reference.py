@@ -1,0 +1,309 @@
+"""The repository's own CPU implementation of a kernel's op, as a standalone reference source.
+
+Tests compare the label with the CPU code the repository ships for the same op, found in this
+order: a registry (mmcv: `REGISTER_DEVICE_IMPL(key, CPU, fn)` beside the CUDA registration of
+the label's chain), a direct call (an op function that calls the launcher on GPU and `*_cpu`
+otherwise, as mmcv's nms_rotated does), a `_cuda`→`_cpu` style twin (pytorch_scatter). Only a
+*definition* counts: a CPU function that is only declared is a reason, not a reference.
+
+The CPU function is extracted like a mined launcher (its closure over its own file's include
+closure, the repository's torch includes kept, CUDA ones dropped, preprocessed for the host
+compiler) and bound as `reference` with the label's first exposed function's signature: either
+directly, when the signatures agree, or through an adapter whose arguments `argmap` reads back
+from the calls between the two. The file has the label's layout (body markers, `kminer_bind`,
+the module behind `#ifndef KMINER_BATCH`), so `wrappers.batching` batches references too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from miner.candidate import Candidate, Reference
+from miner.closure import Closure, compute_closure
+from miner.cpp_expr import MacroEnv
+from miner.discover import Discovery, discover
+from miner.filemodel import Item
+from miner.includes import IncludeResolver, exists_on_system, is_torch_header
+from miner.linearize import Linearizer
+from miner.unit import render_host_code
+from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from wrappers.mined import LauncherIndex
+from wrappers.signature import Signature, parse_signature
+
+_REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
+_TWINS = (("_cuda", "_cpu"), ("Cuda", "Cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("cuda", "cpu"))
+_CPU_WORD = re.compile(r"cpu|CPU|Cpu")
+_STEM = re.compile(r"_?(?:cuda|cpu|gpu)", re.IGNORECASE)
+_GPU_DIR = re.compile(r"(^|/)(cuda|gpu)(/|$)|\.cuh?$")
+_CUDA_HEADER = re.compile(
+    r"^(cuda|cub/|thrust/|curand|cublas|cusparse|cufft|cudnn|nvToolsExt|nvtx|helper_cuda)"
+    r"|^(ATen/cuda|c10/cuda|THC)/|\.cuh$"
+)
+DEPTH = 3  # callers above the exposed function searched for a bridge (mmcv: 1, nms_rotated: 1)
+
+
+def cpu_env() -> MacroEnv:
+    """What g++ -std=c++17 predefines on Linux: no `__CUDACC__`, so host branches are taken."""
+    env = MacroEnv()
+    for name, value in {"__cplusplus": "201703L", "__linux__": "1", "__GNUC__": "12"}.items():
+        env.define(name, None, value)
+    for name in ("__x86_64__", "__STDC__"):
+        env.define(name, None, "1")
+    return env
+
+
+@dataclass
+class Located:
+    mechanism: str  # registry | direct | twin
+    cpu: Item  # the CPU function's definition
+    exposed: Signature  # the label's first exposed function
+    args: list[str]  # the CPU call's arguments, over the exposed function's parameters
+    via: str  # the function whose arguments the CPU function takes (device_fn, op function)
+
+
+class RepoRefs:
+    """One repository's functions, registrations and a host-side linearizer, built once."""
+
+    def __init__(self, disc: Discovery, index: LauncherIndex | None = None) -> None:
+        self.disc = disc
+        self.index = index or LauncherIndex(disc)
+        self.defs: dict[str, list[Item]] = {}
+        self.decls: dict[str, list[Item]] = {}
+        self.registry: dict[tuple[str, str], str] = {}
+        for model in disc.models.values():
+            for item in model.items:
+                if item.names and not item.device and item.kind in ("function", "decl"):
+                    into = self.defs if item.kind == "function" else self.decls
+                    into.setdefault(item.names[0], []).append(item)
+            if "REGISTER_" in model.code:
+                for m in _REGISTER.finditer(model.code):
+                    self.registry.setdefault((m.group(1), m.group(2).upper()), m.group(3))
+        self.linearizer = Linearizer(disc.models, IncludeResolver(list(disc.models)), cpu_env())
+
+    def body(self, item: Item) -> str:
+        return self.disc.models[item.file].code[item.start : item.end]
+
+    def signature(self, item: Item) -> Signature | None:
+        return parse_signature(self.body(item), item.names[0], item.namespace)
+
+    def definition(self, name: str, host_side: bool = False) -> Item | None:
+        found = self.defs.get(name, [])
+        if host_side:
+            found = sorted(found, key=lambda it: bool(_GPU_DIR.search(it.file)))
+        return found[0] if found else None
+
+    def params_of(self, name: str) -> list[str] | None:
+        item = self.definition(name) or next(iter(self.decls.get(name, [])), None)
+        sig = self.signature(item) if item else None
+        return [n for _, n in sig.params] if sig else None
+
+    def upward(self, start: Item) -> list[list[Item]]:
+        """Call paths from `start` to each function above it (breadth first, DEPTH levels)."""
+        paths, queue, seen = [[start]], deque([[start]]), {id(start)}
+        while queue:
+            path = queue.popleft()
+            if len(path) > DEPTH:
+                continue
+            for caller in self.index.callers.get(path[-1].names[0], []):
+                if caller.kind == "function" and caller.names and id(caller) not in seen:
+                    seen.add(id(caller))
+                    paths.append([*path, caller])
+                    queue.append([*path, caller])
+        return paths
+
+    def steps(self, path: list[Item]) -> list[Step] | None:
+        out = []
+        for callee, caller in itertools.pairwise(path):
+            args = call_args(self.body(caller), callee.names[0])
+            callee_params = self.params_of(callee.names[0])
+            caller_sig = self.signature(caller)
+            if args is None or callee_params is None or caller_sig is None:
+                return None
+            names = [n for _, n in caller_sig.params]
+            out.append(Step(caller.names[0], names, callee.names[0], callee_params, args))
+        return out
+
+
+def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
+    """The CPU function for the candidate's op and how to call it, or why there is none."""
+    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    e_item = refs.definition(exposed) if exposed else None
+    sig = refs.signature(e_item) if e_item else None
+    if sig is None:
+        return f"no label function to match: {exposed or 'no wrapper'} has no definition"
+    params = [n for _, n in sig.params]
+    if not all(params):
+        return f"{exposed} has unnamed parameters"
+    paths = refs.upward(e_item)
+    undefined: list[str] = []
+    reasons: list[str] = []
+
+    def attempt(mechanism: str, cpu: str, path: list[Item], cpu_args: list[str] | None):
+        item = refs.definition(cpu, host_side=True)
+        if item is None:
+            if cpu in refs.decls:
+                undefined.append(cpu)
+            return None
+        steps = refs.steps(path)
+        if steps is None or cpu_args is None:
+            reasons.append(f"cannot read the calls from {exposed} up to {path[-1].names[0]}")
+            return None
+        bridge = path[-1]
+        mapped = map_arguments(steps, params, cpu_args, locals_of(refs.body(bridge)), cpu)
+        if isinstance(mapped, str):
+            reasons.append(mapped)
+            return None
+        if sig.template:
+            reasons.append(f"{cpu} found, but {exposed} is a function template: no adapter")
+            return None
+        return Located(mechanism, item, sig, mapped, bridge.names[0])
+
+    for path in paths:  # 1. the registry: <key> has a CUDA function on the chain and a CPU one
+        name = path[-1].names[0]
+        for (key, device), fn in refs.registry.items():
+            if device == "CUDA" and fn == name and (key, "CPU") in refs.registry:
+                cpu = refs.registry[(key, "CPU")]
+                found = attempt("registry", cpu, path, refs.params_of(name))
+                if found:
+                    return found
+    for path in paths[1:]:  # 2. an op function calling a CPU function itself
+        caller = path[-1]
+        on_path = {p.names[0] for p in path}
+        for ref in sorted(caller.refs):
+            if ref in on_path or not _CPU_WORD.search(ref):
+                continue
+            if _twin_of(ref, on_path) or _STEM.sub("", ref) == _STEM.sub("", caller.names[0]):
+                found = attempt("direct", ref, path, call_args(refs.body(caller), ref))
+                if found:
+                    return found
+    for path in paths:  # 3. a twin with the same parameters
+        name = path[-1].names[0]
+        for a, b in _TWINS:
+            twin = name.replace(a, b)
+            if twin == name or (twin not in refs.defs and twin not in refs.decls):
+                continue
+            mine, theirs = refs.params_of(name), refs.params_of(twin)
+            if mine is not None and theirs is not None and len(mine) != len(theirs):
+                reasons.append(f"twin {twin} takes {len(theirs)} arguments, {name} {len(mine)}")
+                continue
+            found = attempt("twin", twin, path, mine)
+            if found:
+                return found
+    if reasons:
+        return reasons[0]
+    if undefined:
+        return f"{undefined[0]} is declared but not defined in the repository"
+    return f"no CPU function: no CPU registration, direct call or CPU twin around {exposed}"
+
+
+def _twin_of(cpu: str, names: set[str]) -> bool:
+    return any(n.replace(a, b) == cpu for n in names for a, b in _TWINS)
+
+
+def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
+    """The CPU function's closure; helpers only declared there get their definitions (and
+    what those need) from the file that defines them, as a linker would."""
+    closure = compute_closure(item, refs.linearizer.linear(item.file))
+    for _ in range(3):
+        have = {n for e in closure.entries if e.item.kind != "decl" for n in e.item.names}
+        used = set().union(*(e.item.refs for e in closure.entries if e.item.kind != "decl"))
+        wanted = [
+            d
+            for e in closure.entries
+            if e.item.kind == "decl" and e.item.names and e.item.names[0] in used - have
+            for d in [refs.definition(e.item.names[0], host_side=True)]
+            if d is not None and not _GPU_DIR.search(d.file)
+        ]
+        if not wanted:
+            break
+        for d in wanted:
+            other = compute_closure(d, refs.linearizer.linear(d.file))
+            known = {id(e.item) for e in closure.entries}
+            extra = [e for e in other.entries if id(e.item) not in known]
+            at = next(i for i, e in enumerate(closure.entries) if e.item is item)
+            closure.entries[at:at] = extra
+            closure.externals += [x for x in other.externals if x not in closure.externals]
+    return closure
+
+
+def cpu_includes(closure: Closure) -> list[str]:
+    """The closure files' includes a host compiler can use (torch's, the system's), guarded
+    as they were; CUDA headers are dropped."""
+    lines: list[str] = []
+    seen = {"torch/extension.h"}
+    for ext in closure.externals:
+        h = ext.header
+        if h in seen or _CUDA_HEADER.search(h) or not (is_torch_header(h) or exists_on_system(h)):
+            continue
+        seen.add(h)
+        inc = [f"#include <{h}>"]
+        lines += (
+            [f"#if {' && '.join(f'({g})' for g in ext.guards)}", *inc, "#endif"]
+            if (ext.guards)
+            else inc
+        )
+    return lines
+
+
+def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
+    closure = cpu_closure(refs, loc.cpu)
+    _, body = render_host_code(closure, refs.disc.models)
+    ns = [n for n in loc.cpu.namespace if n and not n.startswith("extern")]  # not anonymous
+    cpu = "::".join((*ns, loc.cpu.names[0]))
+    overloads = sum(
+        e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
+    )
+    note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
+    code, target = adapter(
+        loc.exposed,
+        cpu,
+        loc.args,
+        refs.index.enums,
+        refs.signature(loc.cpu) if overloads == 1 else None,
+        f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
+    )
+    prov = cand.provenance
+    return (
+        f"// kminer reference {cand.id}: {cpu} ({loc.mechanism}) for {loc.exposed.name}\n"
+        f"// from {prov.repo_url} @ {prov.commit[:12]}  {loc.cpu.file}:{loc.cpu.line}  "
+        f"license: {prov.license}\n"
+        "// Build: torch.utils.cpp_extension.load(name, sources=[this file]), CPU only. "
+        "`reference` takes\n// the arguments of the label's first function, in its order. "
+        "-DKMINER_BATCH leaves out the module.\n"
+        "#include <torch/extension.h>\n"
+        + "".join(f"{ln}\n" for ln in cpu_includes(closure))
+        + f"// kminer-label-body-begin\n{body.rstrip()}\n\n{code}"
+        f'void kminer_bind(pybind11::module_& m) {{ m.def("reference", {target}); }}\n'
+        "// kminer-label-body-end\n\n#ifndef KMINER_BATCH\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n#endif\n"
+    )
+
+
+def find_reference(
+    cand: Candidate, repo_root: Path, workdir: Path, refs: RepoRefs | None = None
+) -> Reference | str:
+    """Write `references/<id>.cpp` under `workdir` and describe it, or say why there is none.
+    Pass `refs` (one per repository) when calling for many candidates."""
+    refs = refs or RepoRefs(discover(repo_root))
+    loc = locate(cand, refs)
+    if isinstance(loc, str):
+        return loc
+    text = render(cand, loc, refs)
+    rel = f"references/{cand.id}.cpp"
+    (workdir / "references").mkdir(parents=True, exist_ok=True)
+    (workdir / rel).write_text(text, encoding="latin-1", errors="replace")
+    enums = refs.index.enums
+    return Reference(
+        kind="cpp",
+        function=loc.cpu.names[0],
+        file=loc.cpu.file,
+        path=rel,
+        hash=hashlib.sha256(text.encode("latin-1", errors="replace")).hexdigest()[:20],
+        exposed="reference",
+        signature=["int64_t" if core_type(t) in enums else t for t, _ in loc.exposed.params],
+    )

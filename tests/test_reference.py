@@ -1,0 +1,234 @@
+"""CPU references from the repository (testgen.reference, testgen.argmap) on tests/fixtures/refrepo:
+one op per way of finding the CPU side, plus the ways of not finding one."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES, kernel
+
+from miner.candidate import Provenance, Reference
+from miner.stages import to_candidate
+from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
+from testgen.reference import RepoRefs, find_reference, locate
+from wrappers.batching import batch_source, split_label
+from wrappers.mined import LauncherIndex, mine_wrapper
+from wrappers.opmap import op_map
+from wrappers.signature import parse_signature
+
+REFREPO = FIXTURES / "refrepo"
+
+
+@pytest.fixture(scope="module")
+def refrepo():
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    disc = discover(REFREPO)
+    index = LauncherIndex(disc)
+    return disc, Extractor(disc), index, RepoRefs(disc, index)
+
+
+def candidate(refrepo, kernel_name: str):
+    """The candidate as the wrap stage leaves it: mined launcher, chain and op map."""
+    disc, extractor, index, _ = refrepo
+    fk = kernel(disc, kernel_name)
+    mined = mine_wrapper(fk, extractor, index)
+    assert mined is not None, kernel_name
+    cand = to_candidate(fk, disc, Provenance(repo_url="https://x/refrepo", commit="a" * 40))
+    cand.wrapper.strategy = "mined"
+    cand.wrapper.launcher = mined.chain[0]
+    cand.wrapper.chain = mined.chain
+    cand.wrapper.functions = [f.name for f in mined.functions()]
+    cand.wrapper.op_map = op_map(disc, mined.chain, index.callers)
+    return cand
+
+
+def reference(refrepo, kernel_name: str, workdir) -> tuple[Reference, str]:
+    cand = candidate(refrepo, kernel_name)
+    ref = find_reference(cand, REFREPO, workdir, refrepo[3])
+    assert isinstance(ref, Reference), ref
+    return ref, (workdir / ref.path).read_text()
+
+
+def test_registry_reference_adapts_the_launcher_arguments(refrepo, tmp_path):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    assert cand.wrapper.functions == ["AffineForwardCUDAKernelLauncher"]
+    loc = locate(cand, refrepo[3])
+    assert (loc.mechanism, loc.via, loc.cpu.names[0]) == (
+        "registry",
+        "affine_forward_cuda",
+        "affine_forward_cpu",
+    )
+    # cudabind: affine_forward_cuda(input, output, alpha, beta) calls
+    # AffineForwardCUDAKernelLauncher(output, input, beta, alpha, input.numel())
+    assert loc.args == ["in", "out", "a", "b"]
+    ref, text = reference(refrepo, "affine_forward_cuda_kernel", tmp_path)
+    assert ref.kind == "cpp" and ref.exposed == "reference"
+    assert (ref.function, ref.file) == ("affine_forward_cpu", "ops/csrc/pytorch/cpu/affine.cpp")
+    assert ref.path == f"references/{cand.id}.cpp"
+    assert ref.signature == ["Tensor", "const Tensor", "const float", "const float", "const int"]
+    assert (
+        "void reference(Tensor out, const Tensor in, const float b, const float a, const int n)"
+        in text
+    )
+    assert "  affine_forward_cpu(in, out, a, b);" in text
+    assert 'm.def("reference", &kminer_ref::reference)' in text
+
+
+def test_reference_holds_the_cpu_closure_and_nothing_else(refrepo, tmp_path):
+    _, text = reference(refrepo, "affine_forward_cuda_kernel", tmp_path)
+    includes, body = split_label(text)
+    body = body.split("// kminer: ")[0]  # the closure, without the adapter and its note
+    assert text.index("#include <torch/extension.h>") < text.index("// kminer-label-body-begin")
+    assert "#include <torch/types.h>" in includes
+    for needed in (
+        "using namespace at;",
+        "#define CHECK_CPU_INPUT(x)",
+        "#define CHECK_CPU(x)",
+        "#define AFFINE_GRAIN 64",
+        "struct AffineCoeffs",
+        "inline T affine_one(",
+        "void AffineForwardCPU(",
+        "void affine_forward_cpu(",
+    ):
+        assert needed in body, needed
+    for unrelated in (
+        "AffineBackwardCPU",
+        "affine_backward_cpu",
+        "unused_cpu_helper",
+        "CHECK_CUDA",
+        "REGISTER_DEVICE_IMPL",
+        "affine_forward_cuda",
+        "__global__",
+    ):
+        assert unrelated not in body, unrelated
+    assert "ATen/cuda" not in text and "CUDAGuard" not in text
+    assert text.rstrip().endswith(
+        "#ifndef KMINER_BATCH\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n#endif"
+    )
+
+
+def test_direct_call_from_the_op_function(refrepo, tmp_path):
+    """clamp_op calls clamp_cuda(x, order, lo, hi) on GPU and clamp_cpu(x.contiguous(), lo, hi)
+    otherwise (mmcv's nms_rotated): the twin names match, the signatures do not."""
+    cand = candidate(refrepo, "clamp_cuda_kernel")
+    loc = locate(cand, refrepo[3])
+    assert (loc.mechanism, loc.via) == ("direct", "clamp_op")
+    assert loc.args == ["x.contiguous()", "lo", "hi"]
+    ref, text = reference(refrepo, "clamp_cuda_kernel", tmp_path)
+    assert ref.function == "clamp_cpu"
+    assert ref.signature == ["const Tensor", "const Tensor", "const float", "const float"]
+    assert "Tensor reference(const Tensor x, const Tensor order, const float lo," in text
+    assert "return clamp_cpu(x.contiguous(), lo, hi);" in text
+
+
+def test_twin_with_the_same_signature_is_bound_as_is(refrepo, tmp_path):
+    cand = candidate(refrepo, "gather_rows_kernel")
+    assert locate(cand, refrepo[3]).mechanism == "twin"
+    ref, text = reference(refrepo, "gather_rows_kernel", tmp_path)
+    assert (ref.function, ref.file) == ("gather_cpu", "csrc/cpu/gather_cpu.cpp")
+    assert ref.signature == ["torch::Tensor", "torch::Tensor", "int64_t"]
+    assert 'm.def("reference", &gather_cpu)' in text and "kminer_ref" not in text
+    _, body = split_label(text)
+    assert "void gather_rows(" in body and "#define CHECK_INPUT(x)" in body
+    assert "gather_rows_kernel" not in body and "CHECK_CUDA" not in body
+
+
+def test_declared_but_undefined_cpu_function_is_a_reason(refrepo, tmp_path):
+    cand = candidate(refrepo, "norm_kernel")
+    reason = find_reference(cand, REFREPO, tmp_path, refrepo[3])
+    assert reason == "norm_cpu is declared but not defined in the repository"
+    assert not (tmp_path / "references").exists()
+
+
+def test_argument_lost_in_a_computation_is_not_inverted(refrepo, tmp_path):
+    cand = candidate(refrepo, "shift_forward_cuda_kernel")
+    reason = find_reference(cand, REFREPO, tmp_path, refrepo[3])
+    assert isinstance(reason, str) and reason.startswith("not invertible")
+    assert "`by`" in reason and "`by * 2`" in reason
+
+
+def test_find_reference_discovers_the_repository_itself(refrepo, tmp_path):
+    cand = candidate(refrepo, "gather_rows_kernel")
+    ref = find_reference(cand, REFREPO, tmp_path)
+    assert isinstance(ref, Reference) and (tmp_path / ref.path).is_file()
+
+
+@pytest.mark.parametrize(
+    ("expr", "name"),
+    [
+        ("x", "x"),
+        ("x.contiguous()", "x"),
+        ("static_cast<float>(alpha)", "alpha"),
+        ("(int)n", "n"),
+        ("std::move(t)", "t"),
+        ("(x)", "x"),
+        ("by * 2", None),
+        ("input.numel()", None),
+        ("x.data_ptr<float>()", None),
+    ],
+)
+def test_plain_name(expr, name):
+    assert plain_name(expr) == name
+
+
+def test_call_args_reads_the_body_not_the_declarator():
+    code = "void f(Tensor a, int n) {\n  g<float>(a, std::min(n, 3), h(n));\n  g(a, 1, 2);\n}"
+    assert call_args(code, "g") == ["a", "std::min(n, 3)", "h(n)"]
+    assert call_args(code, "f") is None
+    assert call_args(code, "missing") is None
+
+
+def test_map_arguments_through_two_calls():
+    # op(p, q, r) calls mid(q, p), mid(s, t) calls launcher(t, s.contiguous(), 7):
+    # the launcher's u carries p and v carries q
+    steps = [
+        Step("mid", ["s", "t"], "launcher", ["u", "v", "extra"], ["t", "s.contiguous()", "7"]),
+        Step("op", ["p", "q", "r"], "mid", ["s", "t"], ["q", "p"]),
+    ]
+    assert map_arguments(steps, ["u", "v", "extra"], ["q", "p"], set(), "op_cpu") == ["v", "u"]
+    reason = map_arguments(steps, ["u", "v", "extra"], ["p", "r"], set(), "op_cpu")
+    assert reason.startswith("not invertible: op's parameter `r`")
+    local = map_arguments(steps, ["u", "v", "extra"], ["k"], {"k"}, "op_cpu")
+    assert "local value of op" in local
+
+
+def test_adapter_takes_enums_as_integers():
+    sig = parse_signature("void L(Tensor x, Reduce mode) {}", "L")
+    code, target = adapter(sig, "l_cpu", ["x", "mode"], frozenset({"Reduce"}), None, "note")
+    assert target == "&kminer_ref::reference"
+    assert "void reference(Tensor x, int64_t mode)" in code
+    assert "l_cpu(x, static_cast<Reduce>(mode));" in code
+
+
+def test_references_batch_like_labels(refrepo, tmp_path):
+    texts = [
+        (name, reference(refrepo, k, tmp_path)[1])
+        for name, k in (("a", "affine_forward_cuda_kernel"), ("g", "gather_rows_kernel"))
+    ]
+    source, _ = batch_source(texts, module="refs")
+    assert "namespace kminer_a {" in source and "namespace kminer_g {" in source
+    assert 'm.def_submodule("c_a"); kminer_a::kminer_bind(s);' in source
+    assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME" not in source
+
+
+@pytest.mark.slow
+def test_reference_builds_on_cpu_and_computes_the_op(refrepo, tmp_path):
+    import torch
+    from torch.utils.cpp_extension import load
+
+    ref, _ = reference(refrepo, "affine_forward_cuda_kernel", tmp_path)
+    build = tmp_path / "build"
+    build.mkdir()
+    mod = load(
+        name="kminer_ref_affine",
+        sources=[str(tmp_path / ref.path)],
+        build_directory=str(build),
+        extra_cflags=["-w"],
+        verbose=False,
+    )
+    inp = torch.linspace(-2, 3, 300, dtype=torch.float64)
+    out = torch.zeros_like(inp)
+    # the launcher's order: output, input, beta, alpha, n
+    assert mod.reference(out, inp, 0.5, 3.0, inp.numel()) is None
+    torch.testing.assert_close(out, inp * 3.0 + 0.5)
