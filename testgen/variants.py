@@ -287,7 +287,7 @@ class _Kernel:
             # `CUDA_1D_KERNEL_LOOP(i, n) {...}` parses as a nested function definition, or as a
             # call statement when an argument is an expression
             call = n.type == "call_expression" and n.parent.type == "expression_statement"
-            decl = n.child_by_field_name("declarator") if n.type == "function_definition" else n
+            decl = (n.type == "function_definition" and n.child_by_field_name("declarator")) or n
             macro = self.txt(decl.child_by_field_name("function" if call else "declarator"))
             if (call or decl != n) and (macro in self.macros or macro.endswith("KERNEL_LOOP")):
                 args = decl.child_by_field_name("arguments" if call else "parameters")
