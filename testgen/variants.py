@@ -389,11 +389,32 @@ class _Kernel:
         ]
 
     def swap_site(self, op: ts.Node, key: tuple) -> _Site | None:
+        if self.is_identity(op):
+            return None
         depth, n = 0, op.parent.parent  # outermost operators first
         while n is not None and n.type in ("binary_expression", "parenthesized_expression"):
             depth, n = depth + (n.type == "binary_expression"), n.parent
         what = f"`{self.txt(op)}` -> `{_SWAP[self.txt(op)]}` in `{_short(self.txt(op.parent))}`"
         return self.site(op, _SWAP[self.txt(op)], what, (*key, depth))
+
+    def is_identity(self, op: ts.Node) -> bool:
+        """`x + 0`, `x - 0`, `0 + x`, `x * 1`, `x / 1` (and `+= 0`, ...): swapping the operator
+        of these gives `x - 0`, `x + 1` ...; the first changes nothing, so it is no variant."""
+        parent, o = op.parent, self.txt(op).rstrip("=")
+        right = parent.child_by_field_name("right")
+        left = parent.child_by_field_name("left")
+
+        def literal(node, value: float) -> bool:
+            if node is None or node.type != "number_literal":
+                return False
+            try:
+                return float(self.txt(node).rstrip("fFlLuU")) == value
+            except ValueError:
+                return False
+
+        if o in ("+", "-"):
+            return literal(right, 0) or (o == "+" and literal(left, 0))
+        return o == "/" and literal(right, 1)
 
     def scan(self, node: ts.Node, ops: list[ts.Node], names: set[str], index: bool) -> None:
         """Arithmetic operators and variables a value depends on. Subscripts and pointer

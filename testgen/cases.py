@@ -1,0 +1,365 @@
+"""The cases of a kernel's test: the repository's own calls, carried down to the label's launcher.
+
+The repository's tests call its Python binding (mmcv: `roi_align_forward(input, rois, output,
+...)`); the label exposes the launcher further down (`ROIAlignForwardCUDAKernelLauncher`). Each
+call is carried down the op chain by reading every call on the way (`caller` passes these
+expressions to `callee`): a parameter passed on, a literal, `t.size(k)` and integer arithmetic
+are evaluated by a small interpreter over the recorded values (never Python's eval: the
+expressions are repository text). A chain that computes a launcher argument in a way the
+interpreter cannot follow gives no cases, and says which argument.
+
+From those base calls the plan derives the rest of the cases: every dtype the label instantiates
+(its AT_DISPATCH macro), and edge values (zeros, negatives, large magnitudes) in the first
+floating tensor, which is the op's data by the convention every launcher we met follows; index
+and geometry tensors are never touched, so a derived case stays valid.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import re
+from dataclasses import dataclass, field
+
+from miner.candidate import Candidate
+from testgen.argmap import call_args, plain_name
+from testgen.inputs import RecordedCall
+
+MAX_BASE_CALLS = 6
+MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
+_DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
+_HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
+_FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
+_LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
+
+
+class Unmappable(Exception):
+    """A launcher argument the interpreter cannot compute from the recorded call."""
+
+
+@dataclass
+class BaseCall:
+    args: list  # in the launcher's parameter order
+    origin: str  # the repository test file it was recorded from
+
+
+@dataclass
+class CasePlan:
+    base: list[BaseCall] = field(default_factory=list)
+    cases: list[dict] = field(default_factory=list)  # {"id", "base", "dtype", "edge"}
+    dtypes: list[str] = field(default_factory=list)
+    shapes: int = 0
+
+
+def _value(node: ast.AST, env: dict):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in ("true", "false"):
+            return node.id == "true"
+        if node.id not in env:
+            raise Unmappable(node.id)
+        return env[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_value(node.operand, env)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div):
+        a, b = _value(node.left, env), _value(node.right, env)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b)):
+            raise Unmappable(ast.dump(node))
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        if isinstance(a, int) and isinstance(b, int):  # C++ integer division truncates
+            return int(a / b) if b else _raise(ast.dump(node))
+        return a / b
+    if (  # t.size(k), t.numel(), t.dim()
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("size", "numel", "dim")
+        and not node.keywords
+    ):
+        target = _value(node.func.value, env)
+        if not hasattr(target, "shape"):
+            raise Unmappable(node.func.attr)
+        if node.func.attr == "size" and len(node.args) == 1:
+            return int(target.shape[_value(node.args[0], env)])
+        if node.func.attr == "numel" and not node.args:
+            return int(target.numel())
+        if node.func.attr == "dim" and not node.args:
+            return int(target.dim())
+    raise Unmappable(ast.dump(node)[:80])
+
+
+def _raise(what: str):
+    raise Unmappable(what)
+
+
+def evaluate(expr: str, env: dict):
+    """The value of a C++ argument expression over `env` (parameter name → value)."""
+    expr = " ".join(expr.split())
+    name = plain_name(expr)
+    if name is not None:
+        if name in ("true", "false"):
+            return name == "true"
+        if name not in env:
+            raise Unmappable(name)
+        return env[name]
+    if _LITERAL.match(expr):
+        text = expr.rstrip("fFlLuU")
+        if text in ("true", "false"):
+            return text == "true"
+        return float(text) if any(ch in text for ch in ".eE") else int(text)
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise Unmappable(expr) from None
+    return _value(tree.body, env)
+
+
+def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
+    """(caller, callee) pairs from the Python binding down to the exposed launcher; a callee
+    "DISPATCH:<fn>" is reached through a dispatch macro (mmcv's DISPATCH_DEVICE_IMPL)."""
+    op = cand.wrapper.op_map
+    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    chain = [f for f in op.get("chain", []) if f not in ("PYBIND11_MODULE", python_fn)]
+    if exposed in chain:
+        chain = chain[chain.index(exposed) :]
+    down = list(reversed(chain))  # device_fn ... exposed
+    if op.get("dispatch_key") and op.get("device_fn") == (down[0] if down else ""):
+        top = [python_fn, op["dispatch_key"], f"DISPATCH:{down[0]}"]
+        pairs = [(top[0], top[1]), (top[1], top[2])]
+        prev = down[0]
+    else:
+        pairs, prev = [], python_fn
+        if down and down[0] == python_fn:
+            down = down[1:]
+        if not down:
+            return []
+        pairs.append((python_fn, down[0]))
+        prev = down[0]
+    for callee in down[1:]:
+        pairs.append((prev, callee))
+        prev = callee
+    return pairs
+
+
+_LOCAL = re.compile(
+    r"(?<=[;{}])\s*(?:const\s+)?(?:int|int64_t|int32_t|long|float|double|bool|auto|size_t)"
+    r"\s+([A-Za-z_]\w*)\s*=\s*([^;{}]+);"
+)
+
+
+def _locals(body: str, env: dict) -> dict:
+    """Scalar locals a function computes before its calls (`int channels = input.size(1);`),
+    in order; one the interpreter cannot compute stays unknown."""
+    out: dict = {}
+    brace = body.find("{")
+    for m in _LOCAL.finditer(body, max(brace, 0)):
+        try:
+            out[m.group(1)] = evaluate(m.group(2), {**env, **out})
+        except Unmappable:
+            out.pop(m.group(1), None)
+    return out
+
+
+def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
+    """The `py::arg("...")` names of the binding that exposes `python_fn` to Python."""
+    pattern = re.compile(rf'\.def\s*\(\s*"{re.escape(python_fn)}"\s*,')
+    for model in refs.disc.models.values():
+        text = model.text  # string literals are blanked in `code`
+        m = pattern.search(text) if "py::arg" in text else None
+        if m is None:
+            continue
+        depth, end = 1, m.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        return re.findall(r'py::arg\s*\(\s*"(\w+)"', text[m.end() : end])
+    return None
+
+
+def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
+    """The launcher's arguments for one recorded binding call; Unmappable when the chain
+    computes one in a way we cannot follow."""
+    python_fn = call.function
+    params = refs.params_of(python_fn)
+    if params is None:
+        raise Unmappable(f"{python_fn} has no definition in the repository")
+    bound = call.bind(params)
+    if bound is None and call.kwargs:  # keywords named by the binding's py::arg list
+        names = pybind_arg_names(refs, python_fn)
+        if names and len(names) == len(params):
+            rename = dict(zip(names, params, strict=True))
+            renamed = {rename.get(k, k): v for k, v in call.kwargs.items()}
+            bound = RecordedCall(call.function, call.args, renamed).bind(params)
+    if bound is None:
+        raise Unmappable(f"the recorded call does not fit {python_fn}({', '.join(params)})")
+    env = bound
+    for caller, callee in descent(cand, python_fn):
+        item = refs.definition(caller)
+        if item is None:
+            raise Unmappable(f"{caller} has no definition")
+        body = refs.body(item)
+        if callee.startswith("DISPATCH:"):
+            callee = callee.removeprefix("DISPATCH:")
+            m = _DISPATCH.search(body)
+            args = call_args(body, m.group(0))[1:] if m else None
+        else:
+            args = call_args(body, callee)
+        env = {**env, **_locals(body, env)}
+        callee_params = refs.params_of(callee)
+        if args is None or callee_params is None:
+            raise Unmappable(f"{caller} does not call {callee} in a way we can read")
+        if len(args) > len(callee_params):
+            raise Unmappable(f"{caller} passes {len(args)} arguments to {callee}")
+        new_env = {}
+        for p, a in zip(callee_params, args, strict=False):
+            try:
+                new_env[p] = evaluate(a, env)
+            except Unmappable as e:
+                raise Unmappable(f"{caller} passes `{a}` as {callee}'s `{p}`: {e}") from None
+        if len(new_env) < len(callee_params):
+            missing = callee_params[len(new_env)]
+            raise Unmappable(f"{caller} leaves {callee}'s `{missing}` to its default")
+        env = new_env
+    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    names = refs.params_of(exposed)
+    if names is None:
+        raise Unmappable(f"{exposed} has no definition")
+    if python_fn == exposed:
+        return [bound[n] for n in names]
+    return [env[n] for n in names]
+
+
+def _size(args: list) -> int:
+    return sum(int(a.numel()) for a in args if hasattr(a, "numel"))
+
+
+def _signature(args: list) -> str:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save([a for a in args], buf)
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def shape_key(args: list) -> tuple:
+    return tuple(tuple(a.shape) if hasattr(a, "shape") else () for a in args)
+
+
+def base_calls(
+    cand: Candidate, calls: list[RecordedCall], refs
+) -> tuple[list[BaseCall], list[str]]:
+    """Distinct launcher calls (most distinct shapes first, MAX_BASE_CALLS at most), and why
+    the others could not be used."""
+    found: list[BaseCall] = []
+    why: list[str] = []
+    seen: set[str] = set()
+    for call in calls:
+        try:
+            args = carry_down(call, cand, refs)
+        except Unmappable as e:
+            why.append(str(e))
+            continue
+        if _size(args) > MAX_ELEMENTS:
+            why.append("a recorded call is too large to embed")
+            continue
+        sig = _signature(args)
+        if sig not in seen:
+            seen.add(sig)
+            found.append(BaseCall(args, call.test_file))
+    by_shape: dict[tuple, list[BaseCall]] = {}
+    for b in found:
+        by_shape.setdefault(shape_key(b.args), []).append(b)
+    ordered: list[BaseCall] = []
+    while len(ordered) < min(MAX_BASE_CALLS, len(found)):  # round robin over shapes
+        for group in by_shape.values():
+            if group and len(ordered) < MAX_BASE_CALLS:
+                ordered.append(group.pop(0))
+    return ordered, why
+
+
+def label_dtypes(label_text: str) -> list[str]:
+    """The floating dtypes the label instantiates, by its dispatch macro."""
+    if _HALF.search(label_text):
+        return ["float32", "float64", "float16"]
+    if _FLOATING.search(label_text):
+        return ["float32", "float64"]
+    return ["float32"]
+
+
+def _first_float(args: list) -> int | None:
+    for i, a in enumerate(args):
+        if getattr(a, "is_floating_point", lambda: False)():
+            return i
+    return None
+
+
+def _box_like(t) -> bool:
+    """A list of boxes or polygons (K, 4..9): zeroing it makes every box degenerate, where
+    the op (an IoU, an NMS) is undefined, so it gets no `zeros` edge case."""
+    return t.dim() == 2 and 4 <= t.shape[1] <= 9
+
+
+def channel_tiling(args: list, names: list[str] | None = None) -> list[int] | None:
+    """The tensors to repeat along dim 1 to widen the data's channels, or None when that may
+    not be valid: the data (first floating tensor) must be >= 3-D with C channels; every >= 3-D
+    tensor with C at dim 1 goes along (outputs, gradients); no integer argument may be C (it
+    could be the channel count; with C = 1, only one whose name says channels counts, as 1 is
+    every flag's value) and no tensor may have a multiple of C at dim 1 (a layout that
+    mixes channels with something else)."""
+    d = _first_float(args)
+    if d is None or args[d].dim() < 3:
+        return None
+    c = int(args[d].shape[1])
+    names = names or [""] * len(args)
+    for a, name in zip(args, names, strict=False):
+        named = re.search(r"chan|^c$|^C$|planes|dim", name or "c")
+        if isinstance(a, int) and not isinstance(a, bool) and a == c and (c > 1 or named):
+            return None
+    picked = []
+    for i, a in enumerate(args):
+        if hasattr(a, "dim") and a.dim() >= 2 and a.numel():
+            dim1 = int(a.shape[1])
+            if a.dim() >= 3 and dim1 == c:
+                picked.append(i)
+            elif dim1 != c and dim1 % c == 0 and a.dim() >= 3:
+                return None
+    return picked
+
+
+def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None) -> CasePlan:
+    """Every base call as recorded; then, on the first base call (the typical case), edge
+    values, wider channels (new shapes, sizes off any block multiple) and each other dtype."""
+    out = CasePlan(base=base, dtypes=[])
+    if not base:
+        return out
+
+    def add(cid, b, dtype=None, edge=None, tile=None):
+        out.cases.append({"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile})
+
+    for i, _ in enumerate(base):
+        add(f"recorded_{i}", i)
+    d = _first_float(base[0].args)
+    shapes = {shape_key(b.args) for b in base}
+    if d is not None:
+        for edge in ("zeros", "negative", "large"):
+            if edge != "zeros" or not _box_like(base[0].args[d]):
+                add(f"edge_{edge}", 0, edge=edge)
+        largest = max(range(len(base)), key=lambda i: _size(base[i].args))
+        tiled = channel_tiling(base[largest].args, names)
+        if tiled:
+            for times in (3, 37):
+                add(f"channels_x{times}", largest, tile={"args": tiled, "times": times})
+                shapes.add((shape_key(base[largest].args), times))
+        for dt in dtypes[1:]:
+            add(f"typical_{dt}", 0, dtype=dt)
+            if largest != 0:
+                add(f"large_{dt}", largest, dtype=dt)
+        out.dtypes = list(dtypes)
+    out.shapes = len(shapes)
+    return out

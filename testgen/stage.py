@@ -1,0 +1,177 @@
+"""The testgen stage: for each built label, a CPU reference, cases, wrong variants and test_code.
+
+Everything here runs on this machine without a GPU and without running repository code outside
+the sandbox (the repository's tests are run by the recorder, in the sandbox). The GPU part is
+`kminer verify` or a bundle. A candidate without a reference or without cases is `skipped` with
+its reason (not a failure: it waits for an LLM reference or generated inputs); a rerun redoes a
+candidate only when its label, the repository's recorded calls or the test template changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
+from testgen.cases import base_calls, label_dtypes, plan
+from testgen.inputs import RECORDER, record_repo_calls
+from testgen.testcode import render_test, template_version
+from testgen.variants import VariantKind, derive_variants
+
+log = logging.getLogger(__name__)
+VARIANTS_PER_KIND = 1
+MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
+
+
+def _version() -> str:
+    h = hashlib.sha256(template_version().encode())
+    for mod in ("cases", "reference", "argmap", "variants", "testcode", "stage"):
+        h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
+    h.update(RECORDER.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _eligible(cand: Candidate, workdir: Path) -> bool:
+    built = cand.stage(Stage.BUILD)
+    return bool(
+        built
+        and built.status == Status.OK
+        and cand.wrapper.label_path
+        and (workdir / cand.wrapper.label_path).is_file()
+    )
+
+
+def _skip(cand: Candidate, reason: Reason, detail: str, key: str, **metrics) -> None:
+    cand.set_stage(
+        Stage.TESTGEN,
+        StageResult(
+            status=Status.SKIPPED, reason=reason, detail=detail[:300], key=key, metrics=metrics
+        ),
+    )
+
+
+def _write_variants(cand: Candidate, label_text: str, workdir: Path) -> tuple[list, list]:
+    picked: dict[VariantKind, int] = {}
+    paths, kinds = [], []
+    folder = workdir / "variants"
+    folder.mkdir(exist_ok=True)
+    for v in derive_variants(label_text, cand.kernel.name):
+        if picked.get(v.kind, 0) >= VARIANTS_PER_KIND:
+            continue
+        picked[v.kind] = picked.get(v.kind, 0) + 1
+        path = folder / f"{cand.id}.{len(paths)}.{v.kind.value}.cu"
+        path.write_text(v.text, encoding="latin-1", errors="replace")
+        paths.append(str(path.relative_to(workdir)))
+        kinds.append(v.kind.value)
+    return paths, kinds
+
+
+def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str) -> None:
+    """Set the candidate's reference, tests and testgen stage (never raises for bad input)."""
+    from testgen.reference import find_reference
+
+    start = time.perf_counter()
+    found = find_reference(cand, Path(refs.disc.root), workdir, refs)
+    if isinstance(found, str):
+        cand.reference = Reference()
+        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="")
+        return
+    cand.reference = found
+    reference_text = (workdir / found.path).read_text("latin-1")
+    python_fn = cand.wrapper.op_map.get("python_name") or ""
+    calls = recorded.get(python_fn, []) if python_fn else []
+    base, why = base_calls(cand, calls, refs)
+    if not base:
+        detail = why[0] if why else f"the repository's tests never call {python_fn or 'its op'}"
+        _skip(cand, Reason.NO_CASES, detail, key, reference_kind=found.kind)
+        return
+    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
+    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    case_plan = plan(base, label_dtypes(label_text), refs.params_of(function))
+    text = render_test(cand, function, case_plan, reference_text)
+    rel = f"tests/{cand.id}.py"
+    (workdir / "tests").mkdir(exist_ok=True)
+    (workdir / rel).write_text(text, encoding="utf-8")
+    variants, kinds = _write_variants(cand, label_text, workdir)
+    recorded_dtypes = {
+        str(a.dtype).removeprefix("torch.")
+        for b in base
+        for a in b.args
+        if hasattr(a, "is_floating_point") and a.is_floating_point()
+    }
+    cand.tests = Tests(
+        path=rel,
+        hash=hashlib.sha256(text.encode()).hexdigest()[:20],
+        cases_source="mined",
+        num_cases=len(case_plan.cases),
+        num_shapes=case_plan.shapes,
+        dtypes=sorted(recorded_dtypes | set(case_plan.dtypes)),
+        variants=variants,
+        variant_kinds=kinds,
+    )
+    short = []
+    if cand.tests.num_cases < MIN_CASES or cand.tests.num_shapes < MIN_SHAPES:
+        short.append(f"{cand.tests.num_cases} cases over {cand.tests.num_shapes} shapes")
+    if len(variants) < 3:
+        short.append(f"{len(variants)} wrong variants")
+    cand.set_stage(
+        Stage.TESTGEN,
+        StageResult(
+            status=Status.OK,
+            detail=("short: " + ", ".join(short)) if short else "",
+            key=key,
+            seconds=round(time.perf_counter() - start, 3),
+            metrics={
+                "num_cases": cand.tests.num_cases,
+                "num_shapes": cand.tests.num_shapes,
+                "reference_kind": found.kind,
+                "cases_source": "mined",
+                "variants": len(variants),
+            },
+        ),
+    )
+
+
+def run_testgen(ctx, cands: list[Candidate]) -> None:
+    from miner.stages import matches
+    from testgen.reference import RepoRefs
+
+    version = _version()
+    todo = []
+    for cand in cands:
+        if not matches(cand, ctx.cfg.filter) or not _eligible(cand, ctx.workdir):
+            continue
+        key = hashlib.sha256(f"{version}|{cand.wrapper.label_hash}".encode()).hexdigest()[:16]
+        done = cand.stage(Stage.TESTGEN)
+        fresh = done is not None and done.key == key and not ctx.cfg.redo
+        if fresh and (done.status != Status.OK or (ctx.workdir / cand.tests.path).is_file()):
+            continue
+        todo.append((cand, key))
+    ctx.progress.start(Stage.TESTGEN.value, len(todo))
+    if not todo:
+        ctx.progress.end(Stage.TESTGEN.value)
+        return
+    ctx.ensure_discovery()
+    refs = RepoRefs(ctx.discovery)
+    wanted = {c.wrapper.op_map.get("python_name") for c, _ in todo} - {None, ""}
+    with ctx.timed("record"):
+        recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
+    for cand, key in todo:
+        try:
+            generate_for(cand, refs, recorded, ctx.workdir, key)
+        except Exception as exc:  # one broken candidate never stops the stage
+            log.exception("testgen failed for %s", cand.id)
+            cand.set_stage(
+                Stage.TESTGEN,
+                StageResult(
+                    status=Status.ERROR,
+                    reason=Reason.NO_CASES,
+                    key="",
+                    detail=f"error: {type(exc).__name__}: {exc}"[:300],
+                ),
+            )
+        ctx.store.save(cand, ctx.repo_id)
+        ctx.progress.advance(Stage.TESTGEN.value)
+    ctx.progress.end(Stage.TESTGEN.value)

@@ -1,0 +1,97 @@
+"""The dataset row's `test_code`: one standalone pytest file per candidate.
+
+Rendered from `prompts/test_code.py.j2` so a reader of the dataset sees one shape of test
+everywhere. The file carries everything it needs but the implementation under test: the
+recorded inputs (torch.save, zlib, base64) and a copy of the reference source, so a row's
+`test_code` runs on its own against a model's `.cu` (KMINER_IMPL). Tolerances are stated in the
+file, per dtype.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import zlib
+from pprint import pformat
+
+from miner.candidate import Candidate
+from testgen.cases import CasePlan
+from wrappers.label import environment, template_hash
+
+TEMPLATE = "test_code.py.j2"
+TOLERANCES = {  # rtol, atol by the label's output dtype
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (2e-2, 2e-2),
+}
+LARGE = 1000.0
+_CHUNK = 96
+
+
+def template_version() -> str:
+    return template_hash(TEMPLATE)
+
+
+def _chunks(data: bytes) -> list[str]:
+    text = base64.b64encode(zlib.compress(data, 9)).decode()
+    return [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)] or [""]
+
+
+def _describe(case: dict, plan: CasePlan) -> str:
+    base = plan.base[case["base"]]
+    shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
+    what = f"recorded call {case['base']} from {base.origin}, tensors {shapes}"
+    if case["dtype"]:
+        what += f", floating tensors as {case['dtype']}"
+    if case.get("tile"):
+        what += f", channels x{case['tile']['times']} (arguments {case['tile']['args']})"
+    if case["edge"]:
+        what += {
+            "zeros": ", first floating tensor all zeros",
+            "negative": ", first floating tensor negated",
+            "large": f", first floating tensor x{LARGE:g}",
+        }[case["edge"]]
+    return what
+
+
+def render_test(cand: Candidate, function: str, plan: CasePlan, reference_text: str) -> str:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save([b.args for b in plan.base], buf)
+    cases = [{**c, "description": _describe(c, plan)} for c in plan.cases]
+    k = cand.kernel
+    return (
+        environment()
+        .get_template(TEMPLATE)
+        .render(
+            kernel=k.name,
+            repo=cand.provenance.repo_url,
+            commit=cand.provenance.commit,
+            path=k.file,
+            line_start=k.start_line,
+            line_end=k.end_line,
+            reference_function=cand.reference.function,
+            reference_file=cand.reference.file,
+            function=function,
+            cases=cases,
+            num_shapes=plan.shapes,
+            origins=sorted({b.origin for b in plan.base}),
+            large=f"{LARGE:g}",
+            tolerances={d: TOLERANCES[d] for d in ("float32", "float64", "float16", "bfloat16")},
+            tolerances_py=pformat(TOLERANCES, width=92),
+            cases_py=pformat(
+                [
+                    {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile")}
+                    for c in plan.cases
+                ],
+                width=92,
+                sort_dicts=False,
+            ),
+            inputs_b64=_chunks(buf.getvalue()),
+            reference_b64=_chunks(reference_text.encode("latin-1", errors="replace")),
+            test_name=re.sub(r"\W", "_", k.name),
+        )
+    )

@@ -1,0 +1,273 @@
+"""Cases and test_code (testgen.cases, testgen.testcode, testgen.stage) on tests/fixtures/refrepo:
+recorded binding calls carried down to the launcher, the derived cases, the rendered test, and
+(slow) the rendered test run on CPU against a right and a wrong implementation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_reference import REFREPO, candidate, kernel
+
+from miner.candidate import Stage, StageResult, Status
+from testgen.cases import (
+    BaseCall,
+    Unmappable,
+    carry_down,
+    channel_tiling,
+    evaluate,
+    label_dtypes,
+    plan,
+    pybind_arg_names,
+)
+from testgen.inputs import RecordedCall
+from testgen.stage import generate_for
+from wrappers.label import render_label
+from wrappers.mined import LauncherIndex, mine_wrapper
+
+
+@pytest.fixture(scope="module")
+def refrepo():
+    from miner.discover import discover
+    from miner.extract import Extractor
+    from testgen.reference import RepoRefs
+
+    disc = discover(REFREPO)
+    index = LauncherIndex(disc)
+    return disc, Extractor(disc), index, RepoRefs(disc, index)
+
+
+@pytest.mark.parametrize(
+    ("expr", "want"),
+    [
+        ("n", 7),
+        ("3", 3),
+        ("2.5f", 2.5),
+        ("true", True),
+        ("n * 2 + 1", 15),
+        ("-n / 2", -3),  # C++ truncates toward zero; Python's // would give -4
+        ("x.size(1)", 4),
+        ("x.numel() / n", 1),
+        ("(int)n", 7),
+        ("static_cast<int>(n)", 7),
+    ],
+)
+def test_evaluate_reads_the_expressions_launchers_get(expr, want):
+    env = {"n": 7, "x": torch.zeros(2, 4)}
+    assert evaluate(expr, env) == want
+
+
+@pytest.mark.parametrize("expr", ["f(n)", "x.data_ptr()", "m", "n ? 1 : 2", "__import__('os')"])
+def test_evaluate_refuses_what_it_cannot_follow(expr):
+    with pytest.raises(Unmappable):
+        evaluate(expr, {"n": 7, "x": torch.zeros(2)})
+
+
+def test_recorded_call_is_carried_through_the_dispatch_to_the_launcher(refrepo):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    x, out = torch.arange(6.0), torch.zeros(6)
+    args = carry_down(RecordedCall("affine_forward", [x, out, 2.0, 0.5]), cand, refrepo[3])
+    # affine_forward → affine_forward_impl → DISPATCH → affine_forward_cuda →
+    # AffineForwardCUDAKernelLauncher(output, input, beta, alpha, input.numel())
+    assert args[0] is out and args[1] is x
+    assert args[2:] == [0.5, 2.0, 6]
+
+
+def test_computed_launcher_argument_is_evaluated(refrepo):
+    cand = candidate(refrepo, "shift_forward_cuda_kernel")
+    x, out = torch.ones(3), torch.zeros(3)
+    args = carry_down(RecordedCall("shift_forward", [x, out, 3]), cand, refrepo[3])
+    assert args[2] == 6  # shift_forward_cuda passes `by * 2`
+
+
+def test_call_that_does_not_fit_the_binding_is_unmappable(refrepo):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    with pytest.raises(Unmappable, match="does not fit affine_forward"):
+        carry_down(RecordedCall("affine_forward", [torch.ones(2)]), cand, refrepo[3])
+
+
+def test_pybind_keyword_names_come_from_py_arg():
+    text = (
+        'm.def("roi_forward", &roi_forward, "doc", py::arg("input"),\n'
+        '      py::arg("pooled_height"), py::arg("scale"));\n'
+        'm.def("other", &other, py::arg("z"));'
+    )
+    refs = SimpleNamespace(disc=SimpleNamespace(models={"p.cpp": SimpleNamespace(text=text)}))
+    assert pybind_arg_names(refs, "roi_forward") == ["input", "pooled_height", "scale"]
+    assert pybind_arg_names(refs, "missing") is None
+
+
+def test_dtypes_follow_the_dispatch_macro():
+    assert label_dtypes("AT_DISPATCH_FLOATING_TYPES_AND_HALF(x") == [
+        "float32",
+        "float64",
+        "float16",
+    ]
+    assert label_dtypes("AT_DISPATCH_FLOATING_TYPES(x") == ["float32", "float64"]
+    assert label_dtypes("x.data_ptr<float>()") == ["float32"]
+
+
+def roi_call(channels: int = 2) -> list:
+    feats = torch.randn(1, channels, 4, 4)
+    rois = torch.tensor([[0.0, 0.0, 0.0, 3.0, 3.0]])
+    return [feats, rois, torch.zeros(1, channels, 2, 2), 2, 2, 0.5, 1, True]
+
+
+def test_channel_tiling_takes_the_data_and_its_outputs():
+    assert channel_tiling(roi_call(channels=3)) == [0, 2]
+    # an integer argument equal to C may be the channel count: not tiled
+    assert channel_tiling([*roi_call(channels=2)[:3], 2]) is None
+    # with C = 1, only an argument named like a channel count blocks it
+    one = roi_call(channels=1)
+    assert channel_tiling(one, ["in", "rois", "out", "h", "w", "s", "ratio", "al"]) == [0, 2]
+    assert channel_tiling(one, ["in", "rois", "out", "h", "w", "s", "channels", "al"]) is None
+    # a tensor with a multiple of C at dim 1 mixes channels with something else
+    mixed = [torch.randn(2, 3, 4, 4), torch.zeros(6, 6, 4, 4)]
+    assert channel_tiling(mixed) is None
+    # boxes (2-D data) are not channels
+    assert channel_tiling([torch.randn(5, 4), torch.zeros(5, 5)]) is None
+
+
+def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
+    p = plan([BaseCall(roi_call(channels=3), "tests/test_roi.py")], ["float32", "float64"])
+    ids = [c["id"] for c in p.cases]
+    assert ids == [
+        "recorded_0",
+        "edge_zeros",
+        "edge_negative",
+        "edge_large",
+        "channels_x3",
+        "channels_x37",
+        "typical_float64",
+    ]
+    assert p.shapes == 3 and len(p.cases) >= 5
+    assert p.cases[4]["tile"] == {"args": [0, 2], "times": 3}
+
+
+def test_boxes_get_no_zeros_case():
+    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]])
+    p = plan([BaseCall([boxes, torch.tensor([0.9, 0.8]), 0.5], "t.py")], ["float32"])
+    assert "edge_zeros" not in [c["id"] for c in p.cases]
+    assert "edge_negative" in [c["id"] for c in p.cases]
+
+
+def write_label(refrepo, cand, workdir) -> None:
+    """The label as the wrap stage writes it, and a passed build stage."""
+    disc, extractor, index, _ = refrepo
+    mined = mine_wrapper(kernel(disc, cand.kernel.name), extractor, index)
+    label = render_label(
+        cand_id=cand.id,
+        kernel=cand.kernel.name,
+        repo_url=cand.provenance.repo_url,
+        commit=cand.provenance.commit,
+        file=cand.kernel.file,
+        line=cand.kernel.line,
+        license="MIT",
+        strategy="mined",
+        launcher=mined.chain[-1],
+        includes=mined.includes,
+        device_code=mined.code,
+        host_code="",
+        functions=mined.functions(),
+    )
+    (workdir / "labels").mkdir(exist_ok=True)
+    (workdir / "labels" / f"{cand.id}.cu").write_text(label.text)
+    cand.wrapper.label_path = f"labels/{cand.id}.cu"
+    cand.wrapper.label_hash = label.hash
+    cand.set_stage(Stage.BUILD, StageResult(status=Status.OK))
+
+
+def affine_recorded() -> dict:
+    calls = []
+    for n in (5, 300, 1000):
+        x = torch.linspace(-3, 3, n)
+        calls.append(RecordedCall("affine_forward", [x, torch.zeros(n), 2.0, 0.5], {}, "t.py"))
+    return {"affine_forward": calls}
+
+
+def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
+    r = cand.stage(Stage.TESTGEN)
+    assert r.status == Status.OK, r.detail
+    assert r.metrics["reference_kind"] == "cpp"
+    assert r.metrics["num_cases"] == cand.tests.num_cases >= 5
+    assert r.metrics["num_shapes"] == cand.tests.num_shapes == 3
+    assert cand.tests.dtypes == ["float32", "float64"]
+    assert sorted(cand.tests.variant_kinds) == ["no_write", "off_by_one", "op_swap"]
+    assert all((tmp_path / v).is_file() for v in cand.tests.variants)
+    text = (tmp_path / cand.tests.path).read_text()
+    compile(text, cand.tests.path, "exec")
+    assert 'FUNCTION = "AffineForwardCUDAKernelLauncher"' in text
+    assert "affine_forward_cpu" in text and "rtol" in text
+
+
+def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], {}, tmp_path, "key1")
+    r = cand.stage(Stage.TESTGEN)
+    assert (r.status, r.reason.value) == (Status.SKIPPED, "no_cases")
+    assert "never call affine_forward" in r.detail
+    assert cand.reference.kind == "cpp"  # the reference is kept for when cases come
+
+
+CPU_AFFINE = """#include <torch/extension.h>
+void AffineForwardCUDAKernelLauncher(at::Tensor out, const at::Tensor in, const float b,
+                                     const float a, const int n) {
+  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "affine", [&] {
+    auto* o = out.data_ptr<scalar_t>();
+    auto* i = in.data_ptr<scalar_t>();
+    for (int k = 0; k < n; ++k) o[k] = a * i[k] + b%s;
+  });
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("AffineForwardCUDAKernelLauncher", &AffineForwardCUDAKernelLauncher);
+}
+"""
+
+
+@pytest.mark.slow
+def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_path):
+    """The generated file, run by pytest in a subprocess on CPU implementations: the right one
+    passes with every case within tolerance, one off by 1e-3 on the last element fails."""
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text(CPU_AFFINE % "")
+    bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
+    outcomes = {}
+    for impl in (good, bad):
+        report = tmp_path / f"{impl.stem}.json"
+        env = {
+            **os.environ,
+            "KMINER_IMPL": str(impl),
+            "KMINER_REFERENCE": str(tmp_path / cand.reference.path),
+            "KMINER_BUILD_DIR": str(tmp_path / "build"),
+            "KMINER_REPORT": str(report),
+        }
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        proc = subprocess.run(
+            [*cmd, str(tmp_path / cand.tests.path)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        outcomes[impl.stem] = (proc.returncode, json.loads(report.read_text()))
+    code, rep = outcomes["good"]
+    assert code == 0 and rep["outcome"] == "pass", rep
+    assert len(rep["cases"]) == cand.tests.num_cases
+    assert all(c["ok"] and c["max_abs"] < 1e-4 for c in rep["cases"])
+    assert {c["dtype"] for c in rep["cases"]} == {"float32", "float64"}
+    code, rep = outcomes["bad"]
+    assert code != 0 and rep["outcome"] == "mismatch"
+    assert any(not c["ok"] and c["max_abs"] >= 5e-4 for c in rep["cases"])
