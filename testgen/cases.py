@@ -101,6 +101,8 @@ def _raise(what: str):
 def evaluate(expr: str, env: dict):
     """The value of a C++ argument expression over `env` (parameter name → value)."""
     expr = " ".join(expr.split())
+    if expr in ("std::nullopt", "c10::nullopt", "at::nullopt", "nullptr", "{}"):
+        return None
     name = plain_name(expr)
     if name is not None:
         if name in ("true", "false"):
@@ -210,7 +212,10 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
             args = call_args(body, m.group(0))[1:] if m else None
         else:
             args = call_args(body, callee)
-        env = {**env, **_locals(body, env)}
+            if args is None:  # through an autograd Function: K::apply(...) → K::forward
+                body, env = _through_apply(refs, body, callee, env)
+                args = call_args(body, callee) if body else None
+        env = {**env, **_locals(body or "", env)}
         callee_params = refs.params_of(callee)
         if args is None or callee_params is None:
             raise Unmappable(f"{caller} does not call {callee} in a way we can read")
@@ -233,6 +238,42 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
     if python_fn == exposed:
         return [bound[n] for n in names]
     return [env[n] for n in names]
+
+
+def _class_body(refs, name: str) -> str | None:
+    pattern = re.compile(rf"\b(?:class|struct)\s+{re.escape(name)}\b[^{{;]*\{{")
+    for model in refs.disc.models.values():
+        m = pattern.search(model.code)
+        if m is None:
+            continue
+        depth, end = 1, m.end()
+        while end < len(model.code) and depth:
+            depth += {"{": 1, "}": -1}.get(model.code[end], 0)
+            end += 1
+        return model.code[m.end() - 1 : end]
+    return None
+
+
+def _through_apply(refs, body: str, callee: str, env: dict) -> tuple[str | None, dict]:
+    """A caller that reaches `callee` through `K::apply(args)` (a torch autograd Function):
+    K's body, and `env` over K::forward's parameters (after the context)."""
+    for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
+        apply_args = call_args(body, f"{klass}::apply")
+        k_body = _class_body(refs, klass)
+        if apply_args is None or k_body is None or call_args(k_body, callee) is None:
+            continue
+        m = re.search(r"\bforward\s*\(([^)]*)\)", k_body)
+        if m is None:
+            continue
+        params = [p.strip().split()[-1].lstrip("*&") for p in m.group(1).split(",") if p.strip()]
+        params = params[1:]  # the AutogradContext
+        if len(params) != len(apply_args):
+            continue
+        try:
+            return k_body, {p: evaluate(a, env) for p, a in zip(params, apply_args, strict=True)}
+        except Unmappable:
+            continue
+    return None, env
 
 
 def _size(args: list) -> int:

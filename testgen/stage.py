@@ -81,7 +81,8 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
     cand.reference = found
     reference_text = (workdir / found.path).read_text("latin-1")
     python_fn = cand.wrapper.op_map.get("python_name") or ""
-    calls = recorded.get(python_fn, []) if python_fn else []
+    # without a known binding, every recorded call is tried: the chain decides which fit
+    calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
     base, why = base_calls(cand, calls, refs)
     if not base:
         detail = why[0] if why else f"the repository's tests never call {python_fn or 'its op'}"
@@ -155,7 +156,8 @@ def run_testgen(ctx, cands: list[Candidate]) -> None:
         return
     ctx.ensure_discovery()
     refs = RepoRefs(ctx.discovery)
-    wanted = {c.wrapper.op_map.get("python_name") for c, _ in todo} - {None, ""}
+    wanted = {c.wrapper.op_map.get("python_name") for c, _ in todo}
+    wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
     with ctx.timed("record"):
         recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
     for cand, key in todo:
