@@ -63,6 +63,20 @@ def _value(node: ast.AST, env: dict):
         return env[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_value(node.operand, env)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _value(node.operand, env)
+    if isinstance(node, ast.BoolOp):  # both sides are evaluated: no short-circuit on unknowns
+        values = [bool(_value(v, env)) for v in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        a, b = _value(node.left, env), _value(node.comparators[0], env)
+        if not all(isinstance(x, int | float) for x in (a, b)):
+            raise Unmappable(ast.dump(node)[:80])
+        op = type(node.ops[0])
+        table = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b}
+        table.update({ast.Gt: a > b, ast.GtE: a >= b})
+        if op in table:
+            return table[op]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div):
         a, b = _value(node.left, env), _value(node.right, env)
         if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b)):

@@ -17,6 +17,7 @@ from pathlib import Path
 from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
 from testgen.cases import base_calls, label_dtypes, plan
 from testgen.inputs import RECORDER, record_repo_calls
+from testgen.reach import dead_spans, kernel_scalars
 from testgen.testcode import render_test, template_version
 from testgen.variants import VariantKind, derive_variants
 
@@ -27,7 +28,7 @@ MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is 
 
 def _version() -> str:
     h = hashlib.sha256(template_version().encode())
-    for mod in ("cases", "reference", "argmap", "variants", "testcode", "stage"):
+    for mod in ("cases", "reference", "argmap", "variants", "testcode", "stage", "reach"):
         h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
     h.update(RECORDER.read_bytes())
     return h.hexdigest()[:16]
@@ -52,12 +53,26 @@ def _skip(cand: Candidate, reason: Reason, detail: str, key: str, **metrics) -> 
     )
 
 
-def _write_variants(cand: Candidate, label_text: str, workdir: Path) -> tuple[list, list]:
+def _dead_branches(cand: Candidate, label_text: str, function: str, params, base) -> list:
+    """Spans of the kernel that no base call reaches (a mode no recorded call uses)."""
+    kernel_params = [p.name for p in cand.kernel.params]
+    dead: set[tuple[int, int]] | None = None
+    for b in base:
+        values = dict(zip(params or [], b.args, strict=False))
+        known = kernel_scalars(label_text, cand.kernel.name, function, kernel_params, values)
+        spans = set(dead_spans(label_text, cand.kernel.name, known))
+        dead = spans if dead is None else dead & spans
+    return sorted(dead or ())
+
+
+def _write_variants(
+    cand: Candidate, label_text: str, workdir: Path, dead: list
+) -> tuple[list, list]:
     picked: dict[VariantKind, int] = {}
     paths, kinds = [], []
     folder = workdir / "variants"
     folder.mkdir(exist_ok=True)
-    for v in derive_variants(label_text, cand.kernel.name):
+    for v in derive_variants(label_text, cand.kernel.name, dead):
         if picked.get(v.kind, 0) >= VARIANTS_PER_KIND:
             continue
         picked[v.kind] = picked.get(v.kind, 0) + 1
@@ -90,12 +105,14 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
         return
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
-    case_plan = plan(base, label_dtypes(label_text), refs.params_of(function))
+    params = refs.params_of(function)
+    case_plan = plan(base, label_dtypes(label_text), params)
     text = render_test(cand, function, case_plan, reference_text)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")
-    variants, kinds = _write_variants(cand, label_text, workdir)
+    dead = _dead_branches(cand, label_text, function, params, base)
+    variants, kinds = _write_variants(cand, label_text, workdir, dead)
     recorded_dtypes = {
         str(a.dtype).removeprefix("torch.")
         for b in base

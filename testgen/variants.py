@@ -24,8 +24,9 @@ from miner.textprep import blank_comments_and_strings, split_top
 from miner.treewalk import LANGUAGE
 
 MAX_PER_KIND = 3
-# `*` becomes `+`, not `/`: no division by zero, and the result still changes when a side is 0
-_SWAP = {"+": "-", "-": "+", "*": "+", "/": "*", "+=": "-=", "-=": "+=", "*=": "+=", "/=": "*="}
+# `*` becomes `+` and `/` becomes `-`: no division by zero, and the result still changes when a
+# side is 0 or the divisor 1 (`/ count` with one sample: `* count` would be the same)
+_SWAP = {"+": "-", "-": "+", "*": "+", "/": "-", "+=": "-=", "-=": "+=", "*=": "+=", "/=": "-="}
 _PRIMARY = {"identifier", "number_literal", "field_expression", "subscript_expression"}
 _PRIMARY |= {"call_expression", "parenthesized_expression", "qualified_identifier"}
 _INT_TYPE = re.compile(r"\b(int|long|short|unsigned|size_t|u?int\d+_t|index_t|bool)\b")
@@ -70,8 +71,11 @@ class _Def:
     target: ts.Node | None = None  # a global store's lvalue or address (helper call: the call)
 
 
-def derive_variants(label_text: str, kernel_name: str) -> list[Variant]:
-    """Wrong variants of `kernel_name` in the label: by kind, each kind best first."""
+def derive_variants(
+    label_text: str, kernel_name: str, dead: list[tuple[int, int]] = ()
+) -> list[Variant]:
+    """Wrong variants of `kernel_name` in the label: by kind, each kind best first; none in a
+    `dead` span (a branch the test's inputs never take, see testgen.reach)."""
     k = _Kernel(label_text, kernel_name.split("::")[-1])
     out = []
     for kind, sites in [
@@ -79,7 +83,8 @@ def derive_variants(label_text: str, kernel_name: str) -> list[Variant]:
         (VariantKind.OFF_BY_ONE, k.off_by_one_sites()),
         (VariantKind.OP_SWAP, k.op_swap_sites()),
     ]:
-        for s in _choose(sites):
+        live = [s for s in sites if s and not any(a <= s.start < b for a, b in dead)]
+        for s in _choose(live):
             desc = f"{s.what} (line {label_text.count(chr(10), 0, s.start) + 2})"
             head, _, rest = (label_text[: s.start] + s.new + label_text[s.end :]).partition("\n")
             out.append(Variant(kind, desc, f"{head}\n// kminer variant: {kind}: {desc}\n{rest}"))

@@ -271,3 +271,46 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     code, rep = outcomes["bad"]
     assert code != 0 and rep["outcome"] == "mismatch"
     assert any(not c["ok"] and c["max_abs"] >= 5e-4 for c in rep["cases"])
+
+
+MODE_LABEL = """#include <torch/extension.h>
+__global__ void mode_kernel(const float* x, float* y, int mode, int n) {
+  int i = threadIdx.x;
+  if (i >= n) return;
+  if (mode == 0) {
+    y[i] = x[i] * 2.0f;
+  } else {
+    y[i] = x[i] + 3.0f;
+  }
+}
+void launch_mode(at::Tensor x, at::Tensor y, int mode) {
+  int n = x.numel();
+  mode_kernel<<<1, 32>>>(x.data_ptr<float>(), y.data_ptr<float>(), mode, n);
+}
+"""
+
+
+def test_branches_no_case_reaches_get_no_variant():
+    from testgen.reach import dead_spans, kernel_scalars
+    from testgen.variants import VariantKind, derive_variants
+
+    x = torch.ones(5)
+    params = ["x", "y", "mode", "n"]
+    known = kernel_scalars(
+        MODE_LABEL, "mode_kernel", "launch_mode", params, {"x": x, "y": x, "mode": 1}
+    )
+    assert known == {"mode": 1, "n": 5}
+    dead = dead_spans(MODE_LABEL, "mode_kernel", known)
+    assert [MODE_LABEL[a:b] for a, b in dead] == ["{\n    y[i] = x[i] * 2.0f;\n  }"]
+    swaps = [
+        v for v in derive_variants(MODE_LABEL, "mode_kernel", dead) if v.kind == VariantKind.OP_SWAP
+    ]
+    assert swaps and all("x[i] * 2.0f" in v.text for v in swaps)  # the dead branch is untouched
+    assert "x[i] - 3.0f" in swaps[0].text
+    # mode 0 reaches the first branch: the `else` is dead instead
+    known0 = kernel_scalars(
+        MODE_LABEL, "mode_kernel", "launch_mode", params, {"x": x, "y": x, "mode": 0}
+    )
+    assert [MODE_LABEL[a:b] for a, b in dead_spans(MODE_LABEL, "mode_kernel", known0)] == [
+        "{\n    y[i] = x[i] + 3.0f;\n  }"
+    ]

@@ -127,7 +127,7 @@ def test_shared_memory_kernel():
     assert any("s > 0 + 1;" in t for t in offs)
     assert not any("s > 0 - 1" in t for t in offs)
     swaps = got[VariantKind.OP_SWAP]
-    assert "output[blockIdx.x] = buf[0] * n;" in swaps[0].text
+    assert "output[blockIdx.x] = buf[0] - n;" in swaps[0].text
     assert any("buf[tid] -= buf[tid + s];" in v.text for v in swaps)
 
 
