@@ -312,5 +312,5 @@ def test_branches_no_case_reaches_get_no_variant():
         MODE_LABEL, "mode_kernel", "launch_mode", params, {"x": x, "y": x, "mode": 0}
     )
     assert [MODE_LABEL[a:b] for a, b in dead_spans(MODE_LABEL, "mode_kernel", known0)] == [
-        "{\n    y[i] = x[i] + 3.0f;\n  }"
+        "else {\n    y[i] = x[i] + 3.0f;\n  }"
     ]
