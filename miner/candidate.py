@@ -230,16 +230,23 @@ class Candidate(BaseModel):
             "unit": self.unit.path,
             "label": self.wrapper.label_path,
             "strategy": self.wrapper.strategy,
-            "stages": {
-                name: {
-                    "status": r.metrics.get("outcome", r.status.value),
-                    "reason": r.reason.value if r.reason else None,
-                    "detail": r.detail,
-                    **r.metrics,
-                }
-                for name, r in self.stages.items()
-            },
+            "stages": {name: self._stage_summary(name, r) for name, r in self.stages.items()},
         }
+
+    def _stage_summary(self, name: str, r: StageResult) -> dict:
+        """status (verify: its outcome), reason, detail, the metrics; testgen and verify always
+        show their figures, None or the record's values where the stage did not set them."""
+        out = {"status": r.status.value, "reason": r.reason.value if r.reason else None}
+        out["detail"] = r.detail
+        if name == Stage.TESTGEN:
+            out["num_cases"] = self.tests.num_cases if self.tests.path else 0
+            out["num_shapes"] = self.tests.num_shapes if self.tests.path else 0
+            out["reference_kind"] = self.reference.kind
+        elif name == Stage.VERIFY:
+            out.update(kill_rate=None, kernel_time_us=None)
+        out.update(r.metrics)
+        out["status"] = r.metrics.get("outcome") or r.status.value
+        return out
 
 
 def candidate_id(repo_url: str, commit: str, kernel: Kernel) -> str:

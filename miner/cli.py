@@ -166,10 +166,32 @@ def _print_funnel(stats: dict) -> None:
         table.add_row(
             "labels build", f"{stats['label_builds']}/{stats['found']}", f"wrappers: {strategies}"
         )
+    if "testgen" in stats or "verify" in stats:
+        _verification_rows(table, stats)
     timings = (stats.get("last_run") or {}).get("timings_s", {})
     if timings:
         table.add_row("time (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     out.print(table)
+
+
+def _verification_rows(table: Table, stats: dict) -> None:
+    """reference → tests → pass, each out of the kernels found."""
+
+    def counts(d: dict) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items())
+
+    found = stats["found"]
+    kill = stats.get("mean_kill_rate")
+    table.add_row(
+        "reference", f"{stats['references']}/{found}", counts(stats.get("reference_kinds", {}))
+    )
+    table.add_row("tests", f"{stats['tests']}/{found}", counts(stats.get("testgen_reasons", {})))
+    table.add_row(
+        "pass",
+        f"{stats['passes']}/{found}",
+        counts(stats.get("verify_outcomes", {}))
+        + ("" if kill is None else f"; mean kill rate {kill:.2f}"),
+    )
 
 
 LlmOpt = Annotated[
@@ -241,8 +263,9 @@ def mine(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel compiles.")] = 0,
     filter: Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")] = None,
     stages: Annotated[
-        str, typer.Option(help="Comma-separated subset of discover,closure,compile,wrap,build.")
-    ] = "discover,closure,compile,wrap,build",
+        str,
+        typer.Option(help="Comma-separated subset of discover,closure,compile,wrap,build,testgen."),
+    ] = "discover,closure,compile,wrap,build,testgen",
     redo: Annotated[bool, typer.Option(help="Redo finished work.")] = False,
     submodules: Annotated[bool, typer.Option(help="Also fetch submodules.")] = False,
     max_file_kb: Annotated[int, typer.Option(help="Skip source files larger than this.")] = 2048,
@@ -417,6 +440,12 @@ def stats(
                 f"{f['stage']:8} {f['reason']:16} {f['file']} {f['kernel']}: {f['detail']}",
                 highlight=False,
             )
+
+
+# `python -m miner.cli`: cli_verify must register its commands on this very module's app
+if __name__ == "__main__":  # pragma: no cover
+    sys.modules.setdefault("miner.cli", sys.modules[__name__])
+from miner import cli_verify  # noqa: E402, F401  (testgen, bundle, ingest, verify)
 
 
 def main() -> None:  # pragma: no cover

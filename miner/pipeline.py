@@ -1,4 +1,4 @@
-"""`kminer mine`: clone → discover → closure → compile, resumable at every step.
+"""`kminer mine`: clone → discover → closure → compile → wrap → build → testgen, resumable.
 
 Discovery and closure are cheap (seconds for mmcv) and deterministic, so a rerun on the same
 commit with the same extractor skips them and only looks for compile work left undone.
@@ -20,7 +20,7 @@ from miner.clone import RepoSource, fetch_repo
 
 log = logging.getLogger(__name__)
 
-MINE_STAGES = ("discover", "closure", "compile", "wrap", "build")
+MINE_STAGES = ("discover", "closure", "compile", "wrap", "build", "testgen")
 _EXTRACTOR_MODULES = (
     "aliases",
     "closure",
@@ -189,6 +189,7 @@ def run_mine(cfg: MineConfig, progress: Progress | None = None, store=None) -> R
             with ctx.timed("compile"):
                 run_compile(ctx, cands)
         run_wrap_and_build(ctx)
+        run_testgen_stage(ctx)
         status = "ok"
         return ctx
     except KeyboardInterrupt:
@@ -214,6 +215,16 @@ def run_wrap_and_build(ctx: RunContext) -> None:
     if "build" in cfg.stages:
         with ctx.timed("build"):
             run_build(ctx, ctx.store.candidates(ctx.repo_id))
+
+
+def run_testgen_stage(ctx: RunContext) -> None:
+    """References, cases, wrong variants and test code for the built labels (`kminer testgen`)."""
+    if "testgen" not in ctx.cfg.stages:
+        return
+    from testgen.stage import run_testgen
+
+    with ctx.timed("testgen"):
+        run_testgen(ctx, ctx.store.candidates(ctx.repo_id))
 
 
 def make_llm_client(cfg: MineConfig, store):
@@ -260,6 +271,7 @@ def run_stages(cfg: MineConfig, progress: Progress | None = None) -> RunContext:
     status = "failed"
     try:
         run_wrap_and_build(ctx)
+        run_testgen_stage(ctx)
         status = "ok"
         return ctx
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from miner.candidate import Candidate, Stage
+from miner.candidate import Candidate, Stage, Status
 
 
 def funnel(store, repo_id: int | None = None) -> dict:
@@ -31,7 +31,7 @@ def funnel(store, repo_id: int | None = None) -> dict:
         "launched": sum(c.launched for c in cands),
         "not_launched": sum(not c.launched for c in cands),
     }
-    for stage in (Stage.CLOSURE, Stage.COMPILE, Stage.WRAP, Stage.BUILD):
+    for stage in (Stage.CLOSURE, Stage.COMPILE, Stage.WRAP, Stage.BUILD, Stage.TESTGEN):
         results = [c.stage(stage) for c in cands]
         results = [r for r in results if r is not None]
         if not results:
@@ -48,9 +48,34 @@ def funnel(store, repo_id: int | None = None) -> dict:
     out["label_builds"] = sum(
         1 for c in cands if (r := c.stage(Stage.BUILD)) and r.status.value == "ok"
     )
+    out.update(_verification(cands))
     run = store.last_run()
     if run is not None:
         out["last_run"] = {"status": run.status, "timings_s": run.timings, "counts": run.counts}
+    return out
+
+
+def _verification(cands: list[Candidate]) -> dict:
+    """The funnel's tail: label builds → reference → tests → pass, with the reasons and outcomes
+    (a verify outcome is `pass` or a reason; the kill rate is over the labels whose test ran)."""
+    testgen = [r for c in cands if (r := c.stage(Stage.TESTGEN))]
+    verify = [r for c in cands if (r := c.stage(Stage.VERIFY))]
+    outcomes = Counter(str(r.metrics.get("outcome") or r.status.value) for r in verify)
+    rates = [r.metrics["kill_rate"] for r in verify if r.metrics.get("kill_rate") is not None]
+    out: dict = {
+        "references": sum(bool(c.reference.path) for c in cands),
+        "tests": sum(r.status == Status.OK for r in testgen),
+        "passes": outcomes.get("pass", 0),
+        "testgen_reasons": dict(Counter(r.reason.value for r in testgen if r.reason)),
+        "reference_kinds": dict(Counter(c.reference.kind for c in cands if c.reference.path)),
+        "verify_outcomes": dict(sorted(outcomes.items())),
+        "mean_kill_rate": round(sum(rates) / len(rates), 4) if rates else None,
+    }
+    if verify:
+        out["verify"] = {
+            "status": dict(Counter(r.status.value for r in verify)),
+            "reasons": dict(Counter(r.reason.value for r in verify if r.reason)),
+        }
     return out
 
 
