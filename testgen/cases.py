@@ -16,26 +16,21 @@ and geometry tensors are never touched, so a derived case stays valid.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import io
 import re
 from dataclasses import dataclass, field
 
 from miner.candidate import Candidate
-from testgen.argmap import call_args, plain_name
+from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
+from testgen.interp import Unmappable, evaluate, run_statements
 
 MAX_BASE_CALLS = 6
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
-_LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
-
-
-class Unmappable(Exception):
-    """A launcher argument the interpreter cannot compute from the recorded call."""
 
 
 @dataclass
@@ -50,90 +45,6 @@ class CasePlan:
     cases: list[dict] = field(default_factory=list)  # {"id", "base", "dtype", "edge"}
     dtypes: list[str] = field(default_factory=list)
     shapes: int = 0
-
-
-def _value(node: ast.AST, env: dict):
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id in ("true", "false"):
-            return node.id == "true"
-        if node.id not in env:
-            raise Unmappable(node.id)
-        return env[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_value(node.operand, env)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return not _value(node.operand, env)
-    if isinstance(node, ast.BoolOp):  # both sides are evaluated: no short-circuit on unknowns
-        values = [bool(_value(v, env)) for v in node.values]
-        return all(values) if isinstance(node.op, ast.And) else any(values)
-    if isinstance(node, ast.Compare) and len(node.ops) == 1:
-        a, b = _value(node.left, env), _value(node.comparators[0], env)
-        if not all(isinstance(x, int | float) for x in (a, b)):
-            raise Unmappable(ast.dump(node)[:80])
-        op = type(node.ops[0])
-        table = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b}
-        table.update({ast.Gt: a > b, ast.GtE: a >= b})
-        if op in table:
-            return table[op]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div):
-        a, b = _value(node.left, env), _value(node.right, env)
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b)):
-            raise Unmappable(ast.dump(node))
-        if isinstance(node.op, ast.Add):
-            return a + b
-        if isinstance(node.op, ast.Sub):
-            return a - b
-        if isinstance(node.op, ast.Mult):
-            return a * b
-        if isinstance(a, int) and isinstance(b, int):  # C++ integer division truncates
-            return int(a / b) if b else _raise(ast.dump(node))
-        return a / b
-    if (  # t.size(k), t.numel(), t.dim()
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in ("size", "numel", "dim")
-        and not node.keywords
-    ):
-        target = _value(node.func.value, env)
-        if not hasattr(target, "shape"):
-            raise Unmappable(node.func.attr)
-        if node.func.attr == "size" and len(node.args) == 1:
-            return int(target.shape[_value(node.args[0], env)])
-        if node.func.attr == "numel" and not node.args:
-            return int(target.numel())
-        if node.func.attr == "dim" and not node.args:
-            return int(target.dim())
-    raise Unmappable(ast.dump(node)[:80])
-
-
-def _raise(what: str):
-    raise Unmappable(what)
-
-
-def evaluate(expr: str, env: dict):
-    """The value of a C++ argument expression over `env` (parameter name → value)."""
-    expr = " ".join(expr.split())
-    if expr in ("std::nullopt", "c10::nullopt", "at::nullopt", "nullptr", "{}"):
-        return None
-    name = plain_name(expr)
-    if name is not None:
-        if name in ("true", "false"):
-            return name == "true"
-        if name not in env:
-            raise Unmappable(name)
-        return env[name]
-    if _LITERAL.match(expr):
-        text = expr.rstrip("fFlLuU")
-        if text in ("true", "false"):
-            return text == "true"
-        return float(text) if any(ch in text for ch in ".eE") else int(text)
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError:
-        raise Unmappable(expr) from None
-    return _value(tree.body, env)
 
 
 def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
@@ -161,25 +72,6 @@ def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
         pairs.append((prev, callee))
         prev = callee
     return pairs
-
-
-_LOCAL = re.compile(
-    r"(?<=[;{}])\s*(?:const\s+)?(?:int|int64_t|int32_t|long|float|double|bool|auto|size_t)"
-    r"\s+([A-Za-z_]\w*)\s*=\s*([^;{}]+);"
-)
-
-
-def _locals(body: str, env: dict) -> dict:
-    """Scalar locals a function computes before its calls (`int channels = input.size(1);`),
-    in order; one the interpreter cannot compute stays unknown."""
-    out: dict = {}
-    brace = body.find("{")
-    for m in _LOCAL.finditer(body, max(brace, 0)):
-        try:
-            out[m.group(1)] = evaluate(m.group(2), {**env, **out})
-        except Unmappable:
-            out.pop(m.group(1), None)
-    return out
 
 
 def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
@@ -223,13 +115,13 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
         if callee.startswith("DISPATCH:"):
             callee = callee.removeprefix("DISPATCH:")
             m = _DISPATCH.search(body)
+            at = m.start() if m else None
             args = call_args(body, m.group(0))[1:] if m else None
         else:
-            args = call_args(body, callee)
-            if args is None:  # through an autograd Function: K::apply(...) → K::forward
-                body, env = _through_apply(refs, body, callee, env)
-                args = call_args(body, callee) if body else None
-        env = {**env, **_locals(body or "", env)}
+            body, env = _reach(refs, body, callee, env)
+            at = _call_at(body, callee) if body else None
+            args = call_args(body, callee) if body else None
+        env = run_statements(body or "", env, at)
         callee_params = refs.params_of(callee)
         if args is None or callee_params is None:
             raise Unmappable(f"{caller} does not call {callee} in a way we can read")
@@ -252,6 +144,40 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
     if python_fn == exposed:
         return [bound[n] for n in names]
     return [env[n] for n in names]
+
+
+def _call_at(body: str, callee: str) -> int | None:
+    m = re.search(rf"(?<![\w.>]){re.escape(callee)}\s*(?:<[^<>;{{}}]*>)?\s*\(", body)
+    return m.start() if m else None
+
+
+def _reach(refs, body: str, callee: str, env: dict, depth: int = 2) -> tuple[str | None, dict]:
+    """The body that calls `callee`, and `env` over its parameters: the caller itself, an
+    autograd Function's forward (`K::apply(...)`), or a helper the caller calls
+    (`modulated_deform_conv_forward` → `..._fallthrough` → the dispatch), `depth` levels."""
+    if call_args(body, callee) is not None:
+        return body, env
+    found, k_env = _through_apply(refs, body, callee, env)
+    if found is not None or depth == 0:
+        return found, k_env
+    for mid in dict.fromkeys(
+        re.findall(r"(?<![\w.>:])([A-Za-z_]\w*)\s*\(", body[body.find("{") :])
+    ):
+        item = refs.definition(mid)
+        params = refs.params_of(mid) if item is not None else None
+        mid_body = refs.body(item) if item is not None else ""
+        if not params or callee not in mid_body:
+            continue
+        args = call_args(body, mid)
+        here = run_statements(body, env, _call_at(body, mid))
+        try:
+            mid_env = {p: evaluate(a, here) for p, a in zip(params, args or [], strict=True)}
+        except (Unmappable, ValueError):
+            continue
+        found, out_env = _reach(refs, mid_body, callee, mid_env, depth - 1)
+        if found is not None:
+            return found, out_env
+    return None, env
 
 
 def _class_body(refs, name: str) -> str | None:

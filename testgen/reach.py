@@ -17,7 +17,7 @@ import tree_sitter as ts
 
 from miner.textprep import blank_comments_and_strings, split_top
 from miner.treewalk import LANGUAGE
-from testgen.cases import Unmappable, _locals, evaluate
+from testgen.interp import Unmappable, evaluate, run_statements
 
 
 def _launch(code: str, kernel: str) -> tuple[int, list[str]] | None:
@@ -44,7 +44,7 @@ def kernel_scalars(
     at, args = found
     starts = [m.end() for m in re.finditer(rf"\b{re.escape(launcher)}\s*\([^;]*?\)\s*\{{", code)]
     start = max((s for s in starts if s <= at), default=0)
-    env = {**launcher_args, **_locals(code[start - 1 : at], launcher_args)}
+    env = run_statements(code[start - 1 : at], launcher_args)
     out = {}
     for name, expr in zip(params, args, strict=False):
         try:

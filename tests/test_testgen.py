@@ -17,15 +17,14 @@ from test_reference import REFREPO, candidate, kernel
 from miner.candidate import Stage, StageResult, Status
 from testgen.cases import (
     BaseCall,
-    Unmappable,
     carry_down,
     channel_tiling,
-    evaluate,
     label_dtypes,
     plan,
     pybind_arg_names,
 )
 from testgen.inputs import RecordedCall
+from testgen.interp import Unmappable, evaluate, run_statements
 from testgen.stage import generate_for
 from wrappers.label import render_label
 from wrappers.mined import LauncherIndex, mine_wrapper
@@ -314,3 +313,31 @@ def test_branches_no_case_reaches_get_no_variant():
     assert [MODE_LABEL[a:b] for a, b in dead_spans(MODE_LABEL, "mode_kernel", known0)] == [
         "else {\n    y[i] = x[i] + 3.0f;\n  }"
     ]
+
+
+FALLTHROUGH = """void im2col_forward(Tensor input, Tensor offset, Tensor columns, int kh, int kw) {
+  const int batch = input.size(0);
+  const int channels = input.size(1);
+  int unused = weird_call(input);
+  columns = at::zeros({channels * kh * kw, input.size(2) * input.size(3)}, input.options());
+  for (int b = 0; b < batch; b++) {
+    im2col_impl(input[b], offset[b], channels, kh, kw, columns);
+  }
+}"""
+
+
+def test_statements_before_the_call_are_run_in_order():
+    x = torch.randn(2, 3, 4, 5)
+    env = {"input": x, "offset": torch.zeros(2, 8, 4, 5), "columns": torch.zeros(1), "kh": 2}
+    env["kw"] = 2
+    at = FALLTHROUGH.index("im2col_impl")
+    out = run_statements(FALLTHROUGH, env, at)
+    assert (out["batch"], out["channels"], out["b"]) == (2, 3, 0)
+    assert "unused" not in out  # a call the interpreter cannot follow leaves the name unknown
+    cols = out["columns"]
+    assert cols.shape == (12, 20) and cols.dtype == x.dtype
+    assert cols.abs().sum() > 0  # an op's own buffer gets seeded random values
+    assert torch.equal(cols, run_statements(FALLTHROUGH, env, at)["columns"])  # fixed seed
+    assert torch.equal(evaluate("input[b]", out), x[0])
+    assert evaluate("input.view({batch, -1}).size(1)", out) == 60
+    assert evaluate("x.ndimension() == 4 && !(kh > 3)", {**out, "x": x}) is True

@@ -1,0 +1,190 @@
+"""A small interpreter for the host C++ between a Python binding and a kernel launcher.
+
+Op functions compute a launcher's arguments from their own: `int channels = input.size(1);`,
+`columns = at::zeros({channels * kh * kw, hw}, input.options());`, `input[b]` inside a loop
+over the batch. Reading those (over recorded CPU tensors) gives the launcher real arguments.
+Repository text is never run: it is parsed as a Python expression tree (C++ operators and
+brace lists translated first) and only these nodes are evaluated: literals, names, + - * /
+(integer division truncating as in C++), comparisons, ! && ||, `t.size(k)`, `t.numel()`,
+`t.dim()`/`ndimension()`, `t.view({..})`/`reshape`, `t[i]`, `t.contiguous()`, `t.zero_()`,
+`t.options()` and `at::zeros/ones/empty({..}, options)`. Anything else is `Unmappable`.
+
+A floating buffer the op allocates itself (at::zeros/empty) gets seeded random values: the
+launcher treats it as any other argument, and a buffer the op would have filled by a GEMM we do
+not follow (the columns a col2im launcher reads) then still carries data a wrong kernel shows.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from testgen.argmap import plain_name
+
+_LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
+_NUMBER_SUFFIX = re.compile(r"(?<=[\d.])[fFlLuU]+\b")
+_FACTORY = re.compile(r"\b(?:at|torch)::(zeros|ones|empty)\b")
+_TENSOR_METHODS = ("size", "numel", "dim", "ndimension", "view", "reshape", "contiguous")
+_TENSOR_METHODS += ("zero_", "options", "clone")
+_STATEMENT = re.compile(
+    r"(?<=[;{}])\s*(?:(?:const\s+)?(?:int|int64_t|int32_t|long|float|double|bool|auto|size_t"
+    r"|Tensor|at::Tensor|torch::Tensor)\s+)?([A-Za-z_]\w*)\s*=(?!=)\s*([^;]+);"
+)
+_LOOP = re.compile(r"\bfor\s*\(\s*(?:int|long|int64_t|auto|size_t)\s+([A-Za-z_]\w*)\s*=\s*([^;]+);")
+
+
+class Unmappable(Exception):
+    """A value the interpreter cannot compute from the recorded call."""
+
+
+def _number(x) -> bool:
+    return isinstance(x, int | float)
+
+
+def _ints(node: ast.AST, env: dict) -> list[int]:
+    if isinstance(node, ast.Set | ast.List | ast.Tuple):  # C++ `{a, b}` parses as a set
+        return [int(_value(e, env)) for e in node.elts]
+    raise Unmappable("a shape that is not a brace list")
+
+
+def _factory(kind: str, node: ast.Call, env: dict):
+    import torch
+
+    shape = _ints(node.args[0], env) if node.args else _raise("no shape")
+    dtype = torch.float32
+    if len(node.args) > 1:
+        opts = _value(node.args[1], env)
+        dtype = opts.get("dtype", dtype) if isinstance(opts, dict) else _raise("options")
+    if kind == "ones":
+        return torch.ones(shape, dtype=dtype)
+    if dtype.is_floating_point:
+        gen = torch.Generator().manual_seed(sum(shape) + len(shape))
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _method(node: ast.Call, env: dict):
+    attr = node.func.attr
+    target = _value(node.func.value, env)
+    if not hasattr(target, "shape"):
+        raise Unmappable(attr)
+    if attr == "size" and len(node.args) == 1:
+        return int(target.shape[_value(node.args[0], env)])
+    if attr == "numel" and not node.args:
+        return int(target.numel())
+    if attr in ("dim", "ndimension") and not node.args:
+        return int(target.dim())
+    if attr in ("view", "reshape") and len(node.args) == 1:
+        return target.reshape(_ints(node.args[0], env))
+    if attr in ("contiguous", "clone") and not node.args:
+        return target.contiguous()
+    if attr == "zero_" and not node.args:
+        return target.new_zeros(target.shape)
+    if attr == "options" and not node.args:
+        return {"dtype": target.dtype}
+    raise Unmappable(attr)
+
+
+def _value(node: ast.AST, env: dict):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in ("true", "false"):
+            return node.id == "true"
+        if node.id not in env:
+            raise Unmappable(node.id)
+        return env[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_value(node.operand, env)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _value(node.operand, env)
+    if isinstance(node, ast.BoolOp):  # both sides are evaluated: no short-circuit on unknowns
+        values = [bool(_value(v, env)) for v in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        a, b = _value(node.left, env), _value(node.comparators[0], env)
+        if not (_number(a) and _number(b)):
+            raise Unmappable(ast.dump(node)[:80])
+        table = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b}
+        table.update({ast.Gt: a > b, ast.GtE: a >= b})
+        if type(node.ops[0]) in table:
+            return table[type(node.ops[0])]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div):
+        a, b = _value(node.left, env), _value(node.right, env)
+        if not (_number(a) and _number(b)) or isinstance(a, bool) or isinstance(b, bool):
+            raise Unmappable(ast.dump(node)[:80])
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        if isinstance(a, int) and isinstance(b, int):  # C++ integer division truncates
+            return int(a / b) if b else _raise("division by zero")
+        return a / b
+    if isinstance(node, ast.Subscript):
+        target, index = _value(node.value, env), _value(node.slice, env)
+        if hasattr(target, "shape") and isinstance(index, int) and not isinstance(index, bool):
+            return target[index]
+        raise Unmappable("subscript")
+    call = isinstance(node, ast.Call) and not node.keywords
+    if call and isinstance(node.func, ast.Attribute) and node.func.attr in _TENSOR_METHODS:
+        return _method(node, env)
+    if call and isinstance(node.func, ast.Name) and node.func.id.startswith("__kminer_"):
+        return _factory(node.func.id.removeprefix("__kminer_"), node, env)
+    raise Unmappable(ast.dump(node)[:80])
+
+
+def _raise(what: str):
+    raise Unmappable(what)
+
+
+def _to_python(expr: str) -> str:
+    py = _FACTORY.sub(lambda m: f"__kminer_{m.group(1)}", expr)
+    py = _NUMBER_SUFFIX.sub("", py)
+    py = py.replace("&&", " and ").replace("||", " or ")
+    return re.sub(r"!(?!=)", " not ", py)
+
+
+def evaluate(expr: str, env: dict):
+    """The value of a C++ expression over `env` (name → value)."""
+    expr = " ".join(expr.split())
+    if expr in ("std::nullopt", "c10::nullopt", "at::nullopt", "nullptr", "{}"):
+        return None
+    name = plain_name(expr)
+    if name is not None:
+        if name in ("true", "false"):
+            return name == "true"
+        if name not in env:
+            raise Unmappable(name)
+        return env[name]
+    if _LITERAL.match(expr):
+        text = expr.rstrip("fFlLuU")
+        if text in ("true", "false"):
+            return text == "true"
+        return float(text) if any(ch in text for ch in ".eE") else int(text)
+    try:
+        tree = ast.parse(_to_python(expr), mode="eval")
+    except SyntaxError:
+        raise Unmappable(expr) from None
+    try:
+        return _value(tree.body, env)
+    except (IndexError, RuntimeError, TypeError, ValueError, OverflowError) as e:
+        raise Unmappable(f"{expr}: {type(e).__name__}") from None
+
+
+def run_statements(body: str, env: dict, until: int | None = None) -> dict:
+    """`env` after the function's assignments before offset `until`, in order: declarations,
+    reassignments of known names, loop variables at their first value. A statement the
+    interpreter cannot compute makes its name unknown (no stale value survives it)."""
+    brace = body.find("{")
+    text = body[: until if until is not None else len(body)]
+    out = dict(env)
+    events = [(m.start(), "s", m) for m in _STATEMENT.finditer(text, max(brace, 0))]
+    events += [(m.start(), "l", m) for m in _LOOP.finditer(text, max(brace, 0))]
+    for _, _, m in sorted(events, key=lambda e: e[0]):
+        try:
+            out[m.group(1)] = evaluate(m.group(2), out)
+        except Unmappable:
+            out.pop(m.group(1), None)
+    return out
