@@ -181,6 +181,7 @@ def _reach(refs, body: str, callee: str, env: dict, depth: int = 2) -> tuple[str
 
 
 def _class_body(refs, name: str) -> str | None:
+    """The class's text as written (string literals kept: `"sum"` is an argument)."""
     pattern = re.compile(rf"\b(?:class|struct)\s+{re.escape(name)}\b[^{{;]*\{{")
     for model in refs.disc.models.values():
         m = pattern.search(model.code)
@@ -190,7 +191,7 @@ def _class_body(refs, name: str) -> str | None:
         while end < len(model.code) and depth:
             depth += {"{": 1, "}": -1}.get(model.code[end], 0)
             end += 1
-        return model.code[m.end() - 1 : end]
+        return model.text[m.end() - 1 : end]
     return None
 
 

@@ -146,9 +146,26 @@ def _to_python(expr: str) -> str:
     return re.sub(r"!(?!=)", " not ", py)
 
 
+def _ternary(expr: str) -> tuple[str, str, str] | None:
+    """`c ? a : b` split at its top level (`::` is not a colon), else None."""
+    depth, q = 0, -1
+    for i, ch in enumerate(expr):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth:
+            continue
+        if ch == "?" and q < 0:
+            q = i
+        elif ch == ":" and q >= 0 and expr[i - 1 : i + 1] != "::" and expr[i : i + 2] != "::":
+            return expr[:q], expr[q + 1 : i], expr[i + 1 :]
+    return None
+
+
 def evaluate(expr: str, env: dict):
     """The value of a C++ expression over `env` (name → value)."""
     expr = " ".join(expr.split())
+    parts = _ternary(expr)
+    if parts is not None:
+        return evaluate(parts[1] if evaluate(parts[0], env) else parts[2], env)
     if expr in ("std::nullopt", "c10::nullopt", "at::nullopt", "nullptr", "{}"):
         return None
     name = plain_name(expr)
@@ -183,8 +200,19 @@ def run_statements(body: str, env: dict, until: int | None = None) -> dict:
     events = [(m.start(), "s", m) for m in _STATEMENT.finditer(text, max(brace, 0))]
     events += [(m.start(), "l", m) for m in _LOOP.finditer(text, max(brace, 0))]
     for _, _, m in sorted(events, key=lambda e: e[0]):
+        name, expr = m.group(1), m.group(2)
         try:
-            out[m.group(1)] = evaluate(m.group(2), out)
+            out[name] = evaluate(expr, out)
         except Unmappable:
-            out.pop(m.group(1), None)
+            if not _normalizes(name, expr, out):
+                out.pop(name, None)
     return out
+
+
+def _normalizes(name: str, expr: str, env: dict) -> bool:
+    """`x = f(x, ...)` through a function we cannot read (pytorch_scatter's
+    `index = broadcast(index, src, dim)`): x keeps its value. Both the label and the reference
+    get the same arguments whatever f would have done, so a wrong guess shows as a failing case,
+    never as a false pass."""
+    m = re.fullmatch(r"\s*[A-Za-z_][\w:]*\s*\(\s*([A-Za-z_]\w*)\s*[,)].*", expr, re.DOTALL)
+    return bool(m and m.group(1) == name and name in env)

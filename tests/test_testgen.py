@@ -341,3 +341,20 @@ def test_statements_before_the_call_are_run_in_order():
     assert torch.equal(evaluate("input[b]", out), x[0])
     assert evaluate("input.view({batch, -1}).size(1)", out) == 60
     assert evaluate("x.ndimension() == 4 && !(kh > 3)", {**out, "x": x}) is True
+
+
+def test_ternary_and_normalizing_reassignment():
+    src, index = torch.zeros(2, 5), torch.zeros(2, 5, dtype=torch.long)
+    env = {"src": src, "index": index, "dim": -1}
+    body = """{
+  dim = dim < 0 ? src.dim() + dim : dim;
+  index = broadcast(index, src, dim);
+  auto other = mystery(src);
+  auto result = scatter_fw(src, index, dim, "min");
+}"""
+    out = run_statements(body, env, body.index("auto result"))
+    assert out["dim"] == 1  # the ternary, as C++ reads it
+    assert out["index"] is index  # `x = f(x, ...)`: kept
+    assert "other" not in out  # anything else unknown stays unknown
+    assert evaluate('"min"', out) == "min"
+    assert evaluate("a ? b : c", {"a": 0, "b": 1, "c": 2}) == 2
