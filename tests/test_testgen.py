@@ -61,7 +61,7 @@ def test_evaluate_reads_the_expressions_launchers_get(expr, want):
     assert evaluate(expr, env) == want
 
 
-@pytest.mark.parametrize("expr", ["f(n)", "x.data_ptr()", "m", "n ? 1 : 2", "__import__('os')"])
+@pytest.mark.parametrize("expr", ["f(n)", "x.data_ptr()", "m", "n << 2", "__import__('os')"])
 def test_evaluate_refuses_what_it_cannot_follow(expr):
     with pytest.raises(Unmappable):
         evaluate(expr, {"n": 7, "x": torch.zeros(2)})
