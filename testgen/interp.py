@@ -33,6 +33,12 @@ _STATEMENT = re.compile(
 _LOOP = re.compile(r"\bfor\s*\(\s*(?:int|long|int64_t|auto|size_t)\s+([A-Za-z_]\w*)\s*=\s*([^;]+);")
 
 
+_VECTOR = re.compile(  # std::vector<float> v(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    r"\bstd::vector\s*<[\w:\s]+>\s+([A-Za-z_]\w*)\s*\(\s*([A-Za-z_]\w*)\s*\.\s*data_ptr\s*<[\w:\s]+>"
+    r"\s*\(\s*\)\s*,\s*\2\s*\.\s*data_ptr\s*<[\w:\s]+>\s*\(\s*\)\s*\+\s*\2\s*\.\s*numel\s*\(\s*\)\s*\)\s*;"
+)
+
+
 class Unmappable(Exception):
     """A value the interpreter cannot compute from the recorded call."""
 
@@ -190,21 +196,74 @@ def evaluate(expr: str, env: dict):
         raise Unmappable(f"{expr}: {type(e).__name__}") from None
 
 
+def _match(text: str, at: int, open_: str, close: str) -> int:
+    """The offset after the bracket closing the one at `at` (len(text) when unclosed)."""
+    depth = 0
+    for j in range(at, len(text)):
+        depth += (text[j] == open_) - (text[j] == close)
+        if depth == 0:
+            return j + 1
+    return len(text)
+
+
+def _branches(text: str) -> list[tuple[int, int, int, str, bool]]:
+    """(start, end, cond_at, condition, is_else) of every braced if / else block."""
+    out = []
+    for m in re.finditer(r"\bif\s*\(", text):
+        close = _match(text, m.end() - 1, "(", ")")
+        brace = re.match(r"\s*\{", text[close:])
+        if brace is None:
+            continue
+        start = close + brace.end() - 1
+        end = _match(text, start, "{", "}")
+        cond = text[m.end() : close - 1]
+        out.append((start, end, m.start(), cond, False))
+        other = re.match(r"\s*else\s*\{", text[end:])
+        if other is not None:
+            e_start = end + other.end() - 1
+            out.append((e_start, _match(text, e_start, "{", "}"), m.start(), cond, True))
+    return out
+
+
 def run_statements(body: str, env: dict, until: int | None = None) -> dict:
     """`env` after the function's assignments before offset `until`, in order: declarations,
-    reassignments of known names, loop variables at their first value. A statement the
+    reassignments of known names, loop variables at their first value. Inside `if`/`else`
+    blocks only the branch the condition takes (evaluated when reached) runs; in a branch that
+    cannot be decided, a statement that fails keeps the old value. Elsewhere a statement the
     interpreter cannot compute makes its name unknown (no stale value survives it)."""
     brace = body.find("{")
     text = body[: until if until is not None else len(body)]
     out = dict(env)
-    events = [(m.start(), "s", m) for m in _STATEMENT.finditer(text, max(brace, 0))]
-    events += [(m.start(), "l", m) for m in _LOOP.finditer(text, max(brace, 0))]
-    for _, _, m in sorted(events, key=lambda e: e[0]):
+    events = [(m.start(), m) for m in _STATEMENT.finditer(text, max(brace, 0))]
+    events += [(m.start(), m) for m in _LOOP.finditer(text, max(brace, 0))]
+    events += [(m.start(), m) for m in _VECTOR.finditer(text, max(brace, 0))]
+    branches = _branches(text)
+    decided: dict[int, bool | None] = {}
+    for at, m in sorted(events, key=lambda e: e[0]):
+        taken, unsure = True, False
+        for start, end, cond_at, cond, is_else in branches:
+            if not start < at < end:
+                continue
+            if cond_at not in decided:
+                try:
+                    decided[cond_at] = bool(evaluate(cond, out))
+                except Unmappable:
+                    decided[cond_at] = None
+            value = decided[cond_at]
+            if value is None:
+                unsure = True
+            elif value == is_else:
+                taken = False
+        if not taken:
+            continue
         name, expr = m.group(1), m.group(2)
         try:
+            if m.re is _VECTOR:  # a vector copied out of a tensor: its values, as a list
+                out[name] = out[expr].reshape(-1).tolist() if expr in out else _raise(expr)
+                continue
             out[name] = evaluate(expr, out)
         except Unmappable:
-            if not _normalizes(name, expr, out):
+            if not unsure and not _normalizes(name, expr, out):
                 out.pop(name, None)
     return out
 

@@ -358,3 +358,26 @@ def test_ternary_and_normalizing_reassignment():
     assert "other" not in out  # anything else unknown stays unknown
     assert evaluate('"min"', out) == "min"
     assert evaluate("a ? b : c", {"a": 0, "b": 1, "c": 2}) == 2
+
+
+def test_only_the_branch_taken_runs_and_vectors_come_out_of_tensors():
+    body = """{
+  int batch = 1;
+  if (input.ndimension() == 3) {
+    batch = 0;
+    input = input.view({1, input.size(0), input.size(1), input.size(2)});
+  } else {
+    batch = 2;
+  }
+  std::vector<float> size_v(size.data_ptr<float>(), size.data_ptr<float>() + size.numel());
+  if (unknown_flag) {
+    input = impossible(input, 3);
+  }
+  launch(input, size_v, batch);
+}"""
+    x = torch.zeros(2, 3, 4, 5)
+    env = {"input": x, "size": torch.tensor([0.5, 0.25, 1.0])}
+    out = run_statements(body, env, body.index("launch("))
+    assert out["batch"] == 2  # the else branch: a 4-D input
+    assert out["input"] is x  # the 3-D branch's view (invalid here) never ran
+    assert out["size_v"] == [0.5, 0.25, 1.0]
