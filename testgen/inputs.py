@@ -9,8 +9,10 @@ it to the label's launcher.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import logging
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +90,14 @@ def record_repo_calls(
     """Every extension call of the repository's tests, by function name; only the test files
     that mention one of `wanted` are run when it is given."""
     calls: dict[str, list[RecordedCall]] = {}
-    for path in repo_test_files(repo):
+    tests = repo_test_files(repo)
+    if wanted is not None:
+        mentions = _mentions(wanted)
+        words = _wrapper_names(repo, wanted, set(tests))
+    for path in tests:
         if wanted is not None:
             text = path.read_text("utf-8", errors="replace")
-            if not any(name in text for name in _mentions(wanted)):
+            if not any(name in text for name in mentions) and not words & _words(text):
                 continue
         for call in record_file(repo, path, cache_dir):
             calls.setdefault(call.function, []).append(call)
@@ -107,3 +113,36 @@ def _mentions(wanted: set[str]) -> set[str]:
             if name.endswith(suffix):
                 stems.add(name[: -len(suffix)])
     return stems
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+
+
+def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path]) -> set[str]:
+    """What a test file says when it tests one of `wanted` through its Python wrapper: the public
+    names defined by the repository's modules that call it (mmcv/ops/voxelize.py calls
+    `ext_module.hard_voxelize_forward(` and defines Voxelization and
+    `voxelization = _Voxelization.apply`)."""
+    if not wanted:
+        return set()
+    called = re.compile(r"\.\s*(?:" + "|".join(map(re.escape, sorted(wanted))) + r")\s*\(")
+    names: set[str] = set()
+    for path in sorted(repo.rglob("*.py")):
+        if ".git" in path.parts or path in tests or not path.is_file():
+            continue
+        text = path.read_text("utf-8", errors="replace")
+        if not called.search(text):
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        defined = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.Name)):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}  # = F.apply
+        names |= {n for n in defined if not n.startswith("_")}
+    return names

@@ -4,30 +4,58 @@ The best inputs for a kernel are the ones its authors test it with: valid shapes
 ranges, meaningful boxes. Their tests call the extension through Python wrappers we cannot build
 here, so this script runs them (repository code: only ever inside `sandbox.run_sandboxed`, a
 subprocess in a temp dir with a timeout) with every compiled module of the repository replaced by a
-recorder that snapshots each call's arguments. Imports the repository needs and this machine lacks
-(mmengine, cv2, ...) become inert stubs; assertions on the (never computed) results are disarmed
-so a test goes on to its next case. The calls are written with `torch.save`.
+recorder that snapshots each call's arguments. What the tests need and this machine lacks is faked:
 
+- imports the repository needs (mmengine, cv2, ...) become inert stubs; a stub's
+  `is_<device>_available()` says True for CUDA only;
+- top-level packages load without running their `__init__` (which pulls in the whole framework);
+  a name that `__init__` would have imported from a submodule is imported from it on first use;
+- custom operators the repository registers under `torch.ops.<its package>` record like the
+  extension module, and `torch.ops.load_library` of its own libraries does nothing;
+- without a GPU, CUDA is pretended (`torch.cuda.is_available()`, `.cuda()`, `device='cuda'`)
+  while every tensor stays on the CPU, so the tests' CUDA cases run too;
+- `torch.backends.<anything unknown>` (cnnl, mlu, ...) is a stub;
+- the working directory shows the repository's top-level entries (symlinks in a temp dir), so
+  data files opened by repository-relative paths are found and nothing is written into it;
+- assertions are disarmed so a test goes on to its next case: the repository's source files
+  load with each `assert` turned into a check whose failure is ignored (the calls inside it are
+  still made), numpy/torch checks pass, `pytest.raises` never fails and records nothing inside,
+  `gradcheck` runs forward and backward once (not once per perturbed input);
+- exact repeats of a call (a test's CPU and CUDA cases) are kept once.
+
+The calls are written with `torch.save`.
 Usage (what `inputs.record_repo_calls` runs): python record.py REPO TEST_FILE OUT.pt
 This file imports only the standard library, torch and pytest: it also runs on the GPU box.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
+import re
+import shutil
 import sys
+import tempfile
 import types
 
 MAX_CALLS_PER_FUNCTION = 64
+MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
 MAX_ELEMENTS = 1 << 22  # larger tensors are not worth keeping as test inputs
+DEVICE_BACKENDS = ("mlu", "npu", "musa")  # torch.<these> as stubs when torch lacks them
+_DEVICE_CHECK = re.compile(r"is_(\w+?)_(?:available|pytorch)")  # is_npu_available, is_rocm_pytorch
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
 def _stub_class(name: str) -> type:
     """A stand-in for anything a missing module would have provided: callable, subclassable,
-    usable as a decorator (returns what it decorates), comparable, iterable (empty)."""
+    usable as a decorator (returns what it decorates) and as a context manager, comparable,
+    iterable (empty)."""
 
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and callable(args[0]) and not kwargs:
@@ -44,10 +72,16 @@ def _stub_class(name: str) -> type:
         "__call__": __call__,
         "__getattr__": __getattr__,
         "__iter__": lambda self: iter(()),
+        "__enter__": lambda self: self,
+        "__exit__": lambda self, *exc: False,
         "__qualname__": name,
+        "_kminer_stub": True,
     }
-    for op in ("__ge__", "__gt__", "__le__", "__lt__"):  # version checks take the modern path
+    # two stub versions are equal: `v >= digit_version('1.6')` and `not v < ...` both hold
+    for op in ("__ge__", "__le__"):
         namespace[op] = lambda self, other: True
+    for op in ("__gt__", "__lt__"):
+        namespace[op] = lambda self, other: False
     return _StubMeta(name.rsplit(".", 1)[-1], (), namespace)
 
 
@@ -63,6 +97,15 @@ class _StubMeta(type):
     def __getitem__(cls, key):
         return cls
 
+    def __call__(cls, *args, **kwargs):
+        if "_kminer_stub" in cls.__dict__:  # the stub itself, not a class deriving from it
+            device = _DEVICE_CHECK.fullmatch(cls.__qualname__.rsplit(".", 1)[-1])
+            if device:  # mmengine.device.is_mlu_available(): only CUDA is (pretended) here
+                return device.group(1) == "cuda"
+            if len(args) == 1 and callable(args[0]) and not kwargs:
+                return args[0]  # used as a bare decorator
+        return super().__call__(*args, **kwargs)
+
 
 class _StubModule(types.ModuleType):
     __path__: tuple = ()
@@ -73,30 +116,68 @@ class _StubModule(types.ModuleType):
         return _stub_class(f"{self.__name__}.{attr}")
 
 
-class _Recorder(types.ModuleType):
-    """The repository's compiled extension: every function records its call and returns None."""
+_TOO_BIG = object()
 
-    def __init__(self, name: str, calls: list) -> None:
+
+class _Log:
+    """The recorded calls, each distinct call once (a test parametrized over CPU and the
+    pretended CUDA makes the same call twice); per function MAX_CALLS_PER_FUNCTION, then only
+    calls with new argument shapes (up to MAX_SHAPED_CALLS_PER_FUNCTION)."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.paused = 0  # inside `pytest.raises`: the authors' invalid inputs are not kept
+        self._seen: set = set()
+        self._shapes: set = set()
+        self._count: dict[str, int] = {}
+
+    def add(self, function: str, args: tuple, kwargs: dict) -> None:
+        count = self._count.get(function, 0)
+        shapes = (function, _shapes(args), _shapes(kwargs.values()))
+        if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
+            return
+        if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
+            return
+        snap = [_snapshot(a) for a in args]
+        named = {k: _snapshot(v) for k, v in kwargs.items()}
+        if any(x is _TOO_BIG for x in [*snap, *named.values()]):
+            return
+        named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
+        key = (function, tuple(map(_fingerprint, snap)), named_keys)
+        with contextlib.suppress(TypeError):  # unhashable: kept
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        self._shapes.add(shapes)
+        self._count[function] = count + 1
+        self.calls.append((function, snap, named))
+
+
+def _shapes(values) -> tuple:
+    import torch
+
+    return tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values)
+
+
+class _Recorder(types.ModuleType):
+    """The repository's compiled extension (or its `torch.ops` namespace): every function records
+    its call and returns None."""
+
+    def __init__(self, name: str, log: _Log) -> None:
         super().__init__(name)
-        self._calls = calls
+        self._log = log
 
     def __getattr__(self, attr):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
-        calls = self._calls
+        log = self._log
 
         def record(*args, **kwargs):
-            if sum(c[0] == attr for c in calls) < MAX_CALLS_PER_FUNCTION:
-                snap = [_snapshot(a) for a in args]
-                named = {k: _snapshot(v) for k, v in kwargs.items()}
-                if all(x is not _TOO_BIG for x in [*snap, *named.values()]):
-                    calls.append((attr, snap, named))
+            log.add(attr, args, kwargs)
             return None
 
+        record.__name__ = attr
         return record
-
-
-_TOO_BIG = object()
 
 
 def _snapshot(value):
@@ -105,12 +186,124 @@ def _snapshot(value):
     if isinstance(value, torch.Tensor):
         if value.numel() > MAX_ELEMENTS:
             return _TOO_BIG
-        return value.detach().to("cpu", copy=True).contiguous()
+        snap = value.detach().to("cpu", copy=True).contiguous()
+        snap.__dict__.pop(_TAG, None)
+        return snap
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
         return list(value)
     return repr(value)
+
+
+def _fingerprint(value):
+    """A hashable identity of a snapshot: a tensor by dtype, shape and bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        try:
+            data = value.reshape(-1).view(torch.uint8).numpy().tobytes()
+        except (RuntimeError, TypeError, ValueError):  # no numpy, or a dtype without bytes
+            return ("tensor", id(value))
+        return (str(value.dtype), tuple(value.shape), hashlib.sha1(data).hexdigest())
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+class _Package(types.ModuleType):
+    """A top-level package of the repository whose `__init__` never ran: a name it would have
+    imported from a submodule (`from .scatter import scatter_max`, `from .ops import *`) is
+    imported from there when first asked for."""
+
+    def __getattr__(self, attr):
+        exports, stars = self._exports()
+        resolving = self.__dict__.setdefault("_kminer_resolving", set())
+        if attr in resolving or (attr.startswith("__") and attr not in exports):
+            raise AttributeError(attr)
+        resolving.add(attr)
+        try:
+            value = self._resolve(attr, exports, stars)
+        finally:
+            resolving.discard(attr)
+        setattr(self, attr, value)  # over the submodule of that name the import just bound
+        return value
+
+    def _resolve(self, attr, exports, stars):
+        if attr in exports:
+            module, name = exports[attr]
+            try:
+                found = importlib.import_module(f"{self.__name__}.{module}")
+                return found if name is None else getattr(found, name)
+            except Exception as exc:
+                raise AttributeError(attr) from exc
+        for module in stars:
+            with contextlib.suppress(Exception):
+                found = importlib.import_module(f"{self.__name__}.{module}")
+                if hasattr(found, attr):
+                    return getattr(found, attr)
+        raise AttributeError(attr)
+
+    def _exports(self):
+        cached = self.__dict__.get("_kminer_exports")
+        if cached is not None:
+            return cached
+        exports: dict = {}
+        stars: list = []
+        try:
+            with open(self.__file__, encoding="utf-8", errors="replace") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            tree = ast.Module(body=[], type_ignores=[])
+        prefix = self.__name__ + "."
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 1:
+                module = node.module
+            elif node.level == 0 and (node.module or "").startswith(prefix):
+                module = node.module[len(prefix) :]
+            else:
+                continue
+            for alias in node.names:
+                if alias.name == "*":
+                    stars.append(module)
+                elif module is None:  # from . import submodule
+                    exports[alias.asname or alias.name] = (alias.name, None)
+                else:
+                    exports.setdefault(alias.asname or alias.name, (module, alias.name))
+        self.__dict__["_kminer_exports"] = (exports, stars)
+        return exports, stars
+
+
+@functools.cache
+def _guarded_lines(filename: str) -> tuple:
+    """Line ranges of `try:` bodies whose handler takes an ImportError and goes on (not a bare
+    re-raise): `try: from parrots.autograd import gradcheck / except ImportError: <fallback>`."""
+    try:
+        with open(filename, encoding="utf-8", errors="replace") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    ranges = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try) or not node.body:
+            continue
+        for handler in node.handlers:
+            caught = handler.type
+            names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+            takes = caught is None or any(
+                isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names
+            )
+            if takes and not all(isinstance(b, ast.Raise) for b in handler.body):
+                ranges.append((node.body[0].lineno, node.body[-1].end_lineno))
+                break
+    return tuple(ranges)
+
+
+def _guarded(filename: str, line: int) -> bool:
+    """An import with a fallback: it fails as it would here (the fallback runs), no stub."""
+    return any(start <= line <= end for start, end in _guarded_lines(filename))
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -119,9 +312,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     file is its compiled extension (the recorder); a module the repository imports and this
     machine lacks is a stub."""
 
-    def __init__(self, repo: str, calls: list) -> None:
+    def __init__(self, repo: str, log: _Log) -> None:
         self.repo = os.path.realpath(repo)
-        self.calls = calls
+        self.log = log
         self.packages = {
             d
             for d in os.listdir(self.repo)
@@ -136,11 +329,28 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if len(parts) == 1:
                 return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
             if os.path.isfile(base + ".py") or os.path.isdir(base):
-                return None  # real source: the normal path finder loads it
+                return self._source_spec(fullname, path)  # real source, asserts disarmed
             return importlib.machinery.ModuleSpec(fullname, self, is_package=False)
-        if not self._imported_by_repository() or self._exists(fullname, path, target):
+        spec = self._source_spec(fullname, path)  # a test module, conftest, helper
+        if spec is not None:
+            return spec
+        importer = self._importer()
+        if importer is None or _guarded(*importer) or self._exists(fullname, path, target):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def _source_spec(self, fullname, path):
+        """The spec of a source file of the repository, loaded with its asserts disarmed; None
+        for anything else (the normal finders take it)."""
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if (
+            spec is None
+            or not isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+            or not os.path.realpath(spec.origin).startswith(self.repo + os.sep)
+        ):
+            return None
+        spec.loader = _DisarmedLoader(fullname, spec.origin)
+        return spec
 
     def _exists(self, fullname, path, target) -> bool:
         for finder in sys.meta_path:
@@ -153,23 +363,28 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 continue
         return False
 
-    def _imported_by_repository(self) -> bool:
+    def _importer(self) -> tuple[str, int] | None:
+        """(file, line) of the import statement when the repository's code makes it."""
         frame = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
             if not filename.startswith("<frozen") and "importlib" not in filename:
-                return os.path.realpath(filename).startswith(self.repo + os.sep)
+                filename = os.path.realpath(filename)
+                if filename.startswith(self.repo + os.sep):
+                    return filename, frame.f_lineno
+                return None
             frame = frame.f_back
-        return False
+        return None
 
     def create_module(self, spec):
         parts = spec.name.split(".")
         if len(parts) == 1 and parts[0] in self.packages:
-            module = types.ModuleType(spec.name)
+            module = _Package(spec.name)
             module.__path__ = [os.path.join(self.repo, parts[0])]
+            module.__file__ = os.path.join(self.repo, parts[0], "__init__.py")
             return module
         if parts[0] in self.packages:
-            return _Recorder(spec.name, self.calls)
+            return _Recorder(spec.name, self.log)
         return _StubModule(spec.name)
 
     def exec_module(self, module):
@@ -189,19 +404,330 @@ def _disarm_assertions() -> None:
     torch.testing.assert_close = lambda *a, **k: None
 
 
+class _Disarm(ast.NodeTransformer):
+    """`assert CHECK, MSG` becomes `try: CHECK / except Exception: pass`: the calls inside a
+    check (`assert np.allclose(op(x), expected)`) are still made, a failing check goes on."""
+
+    def visit_Assert(self, node):
+        handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None)
+        handler.body = [ast.Pass()]
+        guarded = ast.Try(body=[ast.Expr(node.test)], handlers=[handler], orelse=[])
+        guarded.finalbody = []
+        return ast.copy_location(guarded, node)
+
+
+class _DisarmedLoader(importlib.machinery.SourceFileLoader):
+    """A repository source file (test, conftest, Python wrapper) compiled with its asserts
+    disarmed; never from or to a bytecode cache."""
+
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+    def source_to_code(self, data, path, *, _optimize=-1):
+        tree = ast.fix_missing_locations(_Disarm().visit(ast.parse(data, path)))
+        return compile(tree, path, "exec", dont_inherit=True)
+
+
+class _Raises:
+    """`pytest.raises` that never fails (the error a test expects may come from a check that was
+    disarmed or a result never computed); the calls made inside it, invalid inputs on purpose,
+    are not recorded."""
+
+    value = type = tb = None
+
+    def __init__(self, log: _Log) -> None:
+        self.log = log
+
+    def __enter__(self):
+        self.log.paused += 1
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.log.paused -= 1
+        return exc[0] is None or issubclass(exc[0], Exception)
+
+    def match(self, *args, **kwargs) -> bool:
+        return True
+
+    @classmethod
+    def patch(cls, pytest, log: _Log) -> None:
+        def raises(expected, *args, **kwargs):
+            if args and callable(args[0]):  # pytest.raises(Error, fn, *args)
+                with cls(log):
+                    args[0](*args[1:], **kwargs)
+            return cls(log)
+
+        pytest.raises = raises
+
+
+def _record_torch_ops(finder: _Finder) -> None:
+    """Custom operators of the repository (`torch.ops.torch_scatter.scatter_max(...)`) record;
+    loading the repository's own operator libraries does nothing (they are not built here)."""
+    import torch
+
+    for package in finder.packages:
+        setattr(torch.ops, package, _Recorder(f"torch.ops.{package}", finder.log))
+    load_library = torch.ops.load_library
+
+    def load_repository_library(path):
+        if os.path.realpath(str(path)).startswith(finder.repo + os.sep):
+            return None
+        return load_library(path)
+
+    torch.ops.load_library = load_repository_library
+
+
+def _stub_backends() -> None:
+    """`torch.backends.cnnl.allow_tf32 = False` (another vendor's backend) must not stop a
+    test file at collection; neither must `torch.mlu`, `torch.npu`, `torch.musa`."""
+    import torch
+    import torch.backends
+
+    def backend(name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        stub = _StubModule(f"torch.backends.{name}")
+        setattr(torch.backends, name, stub)
+        return stub
+
+    torch.backends.__getattr__ = backend
+    torch_getattr = getattr(torch, "__getattr__", None)
+
+    def device_backend(name):
+        if name in DEVICE_BACKENDS:
+            stub = _StubModule(f"torch.{name}")
+            setattr(torch, name, stub)
+            return stub
+        if torch_getattr is None:
+            raise AttributeError(name)
+        return torch_getattr(name)
+
+    torch.__getattr__ = device_backend
+
+
+def _tolerant_jit() -> None:
+    """`torch.jit.script(fn)` of a function that calls the recorder (or a patched factory)
+    cannot compile: the function itself stands in."""
+    import torch
+
+    script = torch.jit.script
+
+    @functools.wraps(script)
+    def tolerant(obj, *args, **kwargs):
+        try:
+            return script(obj, *args, **kwargs)
+        except Exception:
+            return obj
+
+    torch.jit.script = tolerant
+
+
+def _single_pass_gradcheck() -> None:
+    """`gradcheck(fn, inputs)` runs `fn` once and back-propagates once: the forward and backward
+    calls with the test's inputs are recorded, not the hundreds of perturbed ones a numerical
+    check makes (nor does a result never computed stop the test)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    def once(func, inputs, *args, **kwargs):
+        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        with contextlib.suppress(Exception):
+            out = func(*inputs)
+            outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        return True
+
+    module = sys.modules.get("torch.autograd.gradcheck")
+    for owner in (torch.autograd, module):
+        if isinstance(owner, types.ModuleType):
+            owner.gradcheck = owner.gradgradcheck = once
+
+
+def _on_cuda(device) -> bool:
+    import torch
+
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    return isinstance(device, int) and not isinstance(device, bool)  # a CUDA device index
+
+
+_TAG = "_kminer_cuda"
+
+
+def _tagged(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.__dict__.get(_TAG, False)
+
+
+def _tag(value):
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            leaf.__dict__[_TAG] = True
+    return value
+
+
+def _pretend_cuda_mode():
+    """A torch function mode under which CPU tensors pass for CUDA tensors: what a CUDA device
+    would create (`device='cuda'`, `.cuda()`, `.to('cuda')`) is a CPU tensor tagged as on the
+    GPU, what is computed from a tagged tensor is tagged, and a tagged tensor says `is_cuda`,
+    `device` cuda:0, `get_device()` 0. Wrappers that take their CUDA path only for CUDA inputs
+    (`if x.is_cuda: ext.op(...) else: <pure PyTorch>`) call the extension."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    tensor = torch.Tensor
+    is_cuda, device = torch._C.TensorBase.is_cuda, torch._C.TensorBase.device
+    uninitialized = {torch.empty, torch.empty_like, torch.empty_strided, tensor.new_empty}
+
+    def on_cpu(kwargs):
+        if _on_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+            return True
+        return False
+
+    def copy_to(self, *args, **kwargs):
+        """Tensor.to: (device, dtype, ...), (dtype, ...), (tensor, ...) or device=..."""
+        args = list(args)
+        target = kwargs.get("device")
+        if args and isinstance(args[0], tensor):
+            other = args.pop(0)
+            target = "cuda" if _tagged(other) else other.device
+            kwargs.setdefault("dtype", other.dtype)
+        elif args and (isinstance(args[0], (str, torch.device)) or type(args[0]) is int):
+            target = args.pop(0)
+        kwargs.pop("device", None)
+        if target is None:
+            out = tensor.to(self, *args, **kwargs)
+            return _tag(out) if _tagged(self) else out
+        gpu = _on_cuda(target)
+        out = tensor.to(self, "cpu" if gpu else target, *args, **kwargs)
+        if out is self and gpu != _tagged(self):  # a move between "devices" copies
+            out = self.clone()
+        return _tag(out) if gpu else out
+
+    class PretendCuda(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            owner = getattr(func, "__self__", None)
+            if owner is is_cuda:
+                return _tagged(args[0]) or func(*args)
+            if owner is device:
+                return torch.device("cuda", 0) if _tagged(args[0]) else func(*args)
+            if func is tensor.get_device and _tagged(args[0]):
+                return 0
+            if func is tensor.cuda:
+                return args[0] if _tagged(args[0]) else _tag(args[0].clone())
+            if func is tensor.cpu:
+                return args[0].clone() if _tagged(args[0]) else func(*args, **kwargs)
+            if func is tensor.to:
+                return copy_to(*args, **kwargs)
+            if kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
+            created = on_cpu(kwargs)  # torch.zeros(..., device='cuda'), x.new_ones(..., device=)
+            out = func(*args, **kwargs)
+            if func in uninitialized and isinstance(out, tensor):
+                out.zero_()  # output buffers record the same in every run (and dedupe)
+            leaves = tree_leaves((args, kwargs))
+            if created or any(_tagged(x) for x in leaves):
+                cpu_inputs = {id(x) for x in leaves if isinstance(x, tensor) and not _tagged(x)}
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, tensor) and id(leaf) not in cpu_inputs:
+                        leaf.__dict__[_TAG] = True
+            return out
+
+    return PretendCuda()
+
+
+def _fake_cuda() -> contextlib.AbstractContextManager:
+    """Pretend a CUDA device while every tensor stays on the CPU, so the tests' CUDA cases (most
+    of them) run and make their calls: `torch.cuda` says a device is there, and the returned
+    mode (active while the tests run) places CUDA tensors on the CPU."""
+    import torch
+
+    cuda = torch.cuda
+    torch.version.cuda = torch.version.cuda or "12.1"
+    cuda.is_available = lambda: True
+    cuda.is_initialized = lambda: True
+    cuda.device_count = lambda: 1
+    cuda.current_device = lambda: 0
+    cuda.get_device_name = lambda *a, **k: "kminer pretended CUDA"
+    cuda.get_device_capability = lambda *a, **k: (8, 0)
+    cuda.device = lambda *a, **k: contextlib.nullcontext()
+    cuda.current_stream = cuda.default_stream = lambda *a, **k: _stub_class("torch.cuda.Stream")()
+    for name in (
+        "synchronize empty_cache set_device manual_seed manual_seed_all seed seed_all init "
+        "ipc_collect reset_peak_memory_stats"
+    ).split():
+        setattr(cuda, name, lambda *a, **k: None)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved"):
+        setattr(cuda, name, lambda *a, **k: 0)
+
+    class autocast(torch.amp.autocast):  # CUDA autocast casts CPU tensors like CUDA would
+        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            if device_type == "cuda":
+                device_type, dtype = "cpu", dtype or torch.float16
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    def cuda_autocast(enabled=True, dtype=torch.float16, cache_enabled=True):
+        return autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    torch.autocast = torch.amp.autocast = autocast
+    cuda.amp.autocast = cuda_autocast
+    return _pretend_cuda_mode()
+
+
+@contextlib.contextmanager
+def _repository_view(repo: str):
+    """A temp working directory of symlinks to the repository's top-level entries: tests open
+    `tests/data/...` relative to the repository root, and what they write stays out of it."""
+    view = tempfile.mkdtemp(prefix="kminer-repo-")
+    try:
+        for entry in os.listdir(repo):
+            if entry != ".git":
+                os.symlink(os.path.join(repo, entry), os.path.join(view, entry))
+        here = os.getcwd()
+        os.chdir(view)
+        try:
+            yield view
+        finally:
+            os.chdir(here)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)  # removes the links, never follows them
+
+
 def main(argv: list[str]) -> int:
-    repo, test_file, out = argv
+    repo, test_file, out = (os.path.abspath(a) for a in argv)
+    sys.dont_write_bytecode = True
     import pytest
     import torch
 
-    calls: list = []
-    sys.meta_path.insert(0, _Finder(repo, calls))
-    sys.path.insert(0, repo)
+    log = _Log()
+    finder = _Finder(repo, log)
+    sys.meta_path.insert(0, finder)
+    sys.path.insert(0, finder.repo)
     with contextlib.suppress(ImportError):
         _disarm_assertions()
-    pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--tb=no", test_file])
-    torch.save(calls, out)
-    print(f"kminer-record: {len(calls)} calls")
+    _Raises.patch(pytest, log)
+    _record_torch_ops(finder)
+    _stub_backends()
+    _tolerant_jit()
+    _single_pass_gradcheck()
+    pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda()
+    with _repository_view(finder.repo), pretend:
+        # --assert=plain: test modules load through the finder, which disarms their asserts
+        options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--assert=plain", "--tb=no"]
+        pytest.main(["-q", *options, test_file])
+    torch.save(log.calls, out)
+    print(f"kminer-record: {len(log.calls)} calls")
     return 0
 
 

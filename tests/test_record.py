@@ -4,6 +4,9 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+import torch
+
 from testgen.inputs import RecordedCall, record_repo_calls, repo_test_files
 from testgen.sandbox import run_sandboxed
 
@@ -63,3 +66,74 @@ def test_bind_rejects_calls_that_do_not_fit():
     assert call.bind(["a", "b", "c"]) == {"a": 1, "b": 2, "c": 3}
     assert call.bind(["a", "b"]) is None
     assert call.bind(["a", "c", "b"]) is None  # c given twice
+
+
+GPU_FIXTURE = Path(__file__).parent / "fixtures" / "recordrepo"
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory):
+    """The fixture repository that needs a GPU, data files and custom operators, recorded once:
+    (repo, cache, calls)."""
+    tmp = tmp_path_factory.mktemp("recordrepo")
+    repo = tmp / "repo"
+    shutil.copytree(GPU_FIXTURE, repo)
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+    calls = record_repo_calls(repo, tmp / "cache")
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before  # nothing written
+    return repo, tmp / "cache", calls
+
+
+@pytest.fixture
+def gpu_repo_calls(gpu_repo):
+    return gpu_repo[2]
+
+
+def _values(call: RecordedCall) -> list:
+    return [a.tolist() if hasattr(a, "tolist") else a for a in call.args]
+
+
+def test_recorded_test_reads_data_files_by_repository_relative_paths(gpu_repo_calls):
+    (call,) = gpu_repo_calls["table_forward"]
+    assert call.test_file == "tests/test_data.py"
+    assert _values(call) == [[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]]
+
+
+def test_cuda_only_tests_record_with_cpu_tensors(gpu_repo_calls):
+    calls = gpu_repo_calls["gpu_only_forward"]
+    # the wrapper took its CUDA path (x.is_cuda, x.device.type == "cuda", x.get_device() == 0);
+    # the cases on "cuda", "cuda:0" and torch.device("cuda") made the same calls: kept once;
+    # the CPU tensor took the PyTorch path: no call
+    shapes = {(tuple(c.args[0].shape), c.args[0].dtype) for c in calls}
+    assert shapes == {((2, 3), torch.float32), ((4,), torch.float64), ((1, 2), torch.float32)}
+    for call in calls:
+        x, out, index = call.args
+        assert x.device.type == out.device.type == "cpu" and out.shape == x.shape
+        assert index == 0
+    values = {tuple(map(tuple, c.args[0].tolist())) for c in calls if c.args[0].dim() == 2}
+    assert ((0.0, 1.0, 2.0), (3.0, 4.0, 5.0)) in values
+    assert [1.0] * 4 in [c.args[0].tolist() for c in calls]
+
+
+def test_torch_ops_of_the_repository_record(gpu_repo_calls):
+    calls = gpu_repo_calls["segment_sum"]  # torch.ops.gpuops.segment_sum(src, indptr, None)
+    assert [_values(c) for c in calls] == [
+        [[1.0, 2.0, 3.0, 4.0], [0, 1, 4], None],
+        [[[1.0, 2.0], [3.0, 4.0]], [0, 2], None],
+    ]
+    assert calls[0].args[1].dtype == torch.int64
+    assert calls[0].test_file == "tests/test_ops.py"
+
+
+def test_unknown_torch_backends_and_guarded_imports_do_not_stop_a_file(gpu_repo_calls):
+    checked = {c.test_file: _values(c) for c in gpu_repo_calls["checked_forward"]}
+    # test_backends.py sets torch.backends.cnnl.allow_tf32 at import; test_ops.py falls back
+    # from a missing package to torch's gradcheck; the call inside pytest.raises is not kept
+    assert checked == {"tests/test_backends.py": [[7.0, 7.0]], "tests/test_ops.py": [[1.0] * 3]}
+
+
+def test_wanted_functions_select_tests_through_their_wrappers(gpu_repo):
+    repo, cache, _ = gpu_repo  # recorded already: from the cache
+    # test_cuda.py never says gpu_only_forward, only on_gpu: the wrapper that calls it
+    calls = record_repo_calls(repo, cache, wanted={"gpu_only_forward"})
+    assert {c.test_file for c in calls["gpu_only_forward"]} == {"tests/test_cuda.py"}
