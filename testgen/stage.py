@@ -28,7 +28,7 @@ MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is 
 
 def _version() -> str:
     h = hashlib.sha256(template_version().encode())
-    for mod in ("cases", "reference", "argmap", "variants", "testcode", "stage", "reach"):
+    for mod in ("cases", "interp", "reference", "argmap", "variants", "testcode", "stage", "reach"):
         h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
     h.update(RECORDER.read_bytes())
     return h.hexdigest()[:16]
