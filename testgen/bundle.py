@@ -185,6 +185,9 @@ def ingest(results_path: Path | str, cands: list[Candidate]) -> list[Candidate]:
         metrics["kernel_time_us"] = e.get("kernel_time_us")
         metrics.update({k: str(data.get(k) or "") for k in ("gpu", "torch", "cuda")})
         metrics["cases"] = e.get("cases") or []
+        valid = [c for c in metrics["cases"] if isinstance(c, dict) and c.get("ok") is not None]
+        metrics["valid_cases"] = len(valid)  # cases the reference accepted as input
+        metrics["valid_shapes"] = len({json.dumps(c.get("shape")) for c in valid})
         key = "|".join([cand.wrapper.label_hash, cand.tests.hash, cand.reference.hash])
         seconds = sum(float(e.get(k) or 0.0) for k in ("build_s", "run_s"))
         result = StageResult(

@@ -15,8 +15,9 @@ Why it is shaped like this:
   error of the batch. The verdict: the timeout, then death by a signal (crash), then a CUDA
   error in the report or the output (crash, run phase), then the report's outcome, then pytest's
   exit status.
-- Extensions are built in `.build/<hash of test and reference>`: a label and its variants share
-  it, so the reference is built once. A marker per built impl lets a later run skip the build
+- Extensions are built in `.build/<hash of the reference>`: a label and its variants share it,
+  so the reference is built once, and a regenerated test reuses every build (tests name each
+  module's folder by a hash of its source). A marker per built impl lets a later run skip the build
   subprocess (pass, build_error and import_error are kept; timeouts and crashes are retried).
   Tests should build each module in its own subfolder named after a hash of its source.
 - results.json is rewritten atomically after each entry, so a killed run keeps what it did, and
@@ -247,7 +248,7 @@ class Runner:
         if missing:
             res.update(outcome="build_error", phase="build", detail=f"missing: {missing[0]}")
             return res
-        build_dir = self.bundle / ".build" / _digest(test, ref, extra=self.env_key)
+        build_dir = self.bundle / ".build" / _digest(ref, extra=self.env_key)
         with self._dir_lock(build_dir):  # torch's build lock assumes one module per folder
             label = self.check(test, impl, ref, build_dir)
             res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
