@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from curation.store import Store
+from curation.store import Decision, Store, VersionConflict
 from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageResult, Status
 
 
@@ -72,3 +72,31 @@ def test_compile_cache_skips_and_runs(store):
     run = store.start_run("mine r")
     store.finish_run(run, "ok", repo_id, {"discover": 1.0}, {"compiled": 2})
     assert store.last_run().counts == {"compiled": 2}
+
+
+def test_review_writes_are_versioned_and_audited(store):
+    assert store.review("k1") == {**store.review("k1"), "decision": "pending", "version": 0}
+    first = store.write_review("k1", 0, "ann", "review", decision=Decision.ACCEPTED, note="ok")
+    assert (first["decision"], first["curator"], first["version"]) == ("accepted", "ann", 1)
+    assert first["reviewed_at"]
+    # bob acted on version 0 too: his write is refused and he sees ann's state
+    with pytest.raises(VersionConflict) as conflict:
+        store.write_review("k1", 0, "bob", "review", decision=Decision.REJECTED)
+    assert conflict.value.current["curator"] == "ann" and conflict.value.current["version"] == 1
+    second = store.write_review("k1", 1, "bob", "edit_instruction", instruction="Write it.")
+    assert (second["decision"], second["instruction"], second["version"]) == (
+        "accepted",
+        "Write it.",
+        2,
+    )
+    assert second["reviewed_at"] == first["reviewed_at"]  # an edit is not a new verdict
+    assert store.review("k1") == second
+    assert list(store.reviews(Decision.ACCEPTED)) == ["k1"] and store.reviews("rejected") == {}
+    trail = store.audit("k1")
+    assert [(a["curator"], a["action"]) for a in trail] == [
+        ("ann", "review"),
+        ("bob", "edit_instruction"),
+    ]
+    assert trail[1]["before"] == first and trail[1]["after"] == second
+    with pytest.raises(ValueError, match="not a review field"):
+        store.write_review("k1", 2, "ann", "review", version=7)
