@@ -25,8 +25,10 @@ from miner.candidate import Candidate
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
+from testgen.resize import row_subsets
 
 MAX_BASE_CALLS = 6
+MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
@@ -37,6 +39,8 @@ _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
 class BaseCall:
     args: list  # in the launcher's parameter order
     origin: str  # the repository test file it was recorded from
+    rows_of: int | None = None  # derived: the first `rows` rows of this base call
+    rows: int = 0
 
 
 @dataclass
@@ -315,9 +319,10 @@ def channel_tiling(args: list, names: list[str] | None = None) -> list[int] | No
 
 
 def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None) -> CasePlan:
-    """Every base call as recorded; then, on the first base call (the typical case), edge
-    values, wider channels (new shapes, sizes off any block multiple) and each other dtype."""
-    out = CasePlan(base=base, dtypes=[])
+    """Every base call as recorded, and fewer rows of them where that gives new shapes
+    (testgen.resize); then, on the first base call (the typical case), edge values, wider
+    channels (new shapes, sizes off any block multiple) and each other dtype."""
+    out = CasePlan(base=list(base), dtypes=[])
     if not base:
         return out
 
@@ -326,8 +331,15 @@ def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None
 
     for i, _ in enumerate(base):
         add(f"recorded_{i}", i)
-    d = _first_float(base[0].args)
     shapes = {shape_key(b.args) for b in base}
+    for i, b in enumerate(base):
+        for m, args in row_subsets(b.args, names):
+            if shape_key(args) in shapes or len(out.base) - len(base) >= MAX_ROW_CALLS:
+                continue
+            shapes.add(shape_key(args))
+            out.base.append(BaseCall(args, b.origin, rows_of=i, rows=m))
+            add(f"rows{m}_of_{i}", len(out.base) - 1)
+    d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):
             if edge != "zeros" or not _box_like(base[0].args[d]):

@@ -43,6 +43,9 @@ def _describe(case: dict, plan: CasePlan) -> str:
     base = plan.base[case["base"]]
     shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
     what = f"recorded call {case['base']} from {base.origin}, tensors {shapes}"
+    if base.rows_of is not None:
+        what = f"the first {base.rows} rows of recorded call {base.rows_of} ({base.origin}), "
+        what += f"tensors {shapes}"
     if case["dtype"]:
         what += f", floating tensors as {case['dtype']}"
     if case.get("tile"):

@@ -197,7 +197,8 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     assert r.status == Status.OK, r.detail
     assert r.metrics["reference_kind"] == "cpp"
     assert r.metrics["num_cases"] == cand.tests.num_cases >= 5
-    assert r.metrics["num_shapes"] == cand.tests.num_shapes == 3
+    # 3 recorded lengths, and fewer rows of them (the count `n` follows): 1, 3 (of 5), 151
+    assert r.metrics["num_shapes"] == cand.tests.num_shapes == 7
     assert cand.tests.dtypes == ["float32", "float64"]
     assert sorted(cand.tests.variant_kinds) == ["no_write", "off_by_one", "op_swap"]
     assert all((tmp_path / v).is_file() for v in cand.tests.variants)
@@ -205,6 +206,7 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     compile(text, cand.tests.path, "exec")
     assert 'FUNCTION = "AffineForwardCUDAKernelLauncher"' in text
     assert "affine_forward_cpu" in text and "rtol" in text
+    assert "rows1_of_0" in text and "the first 3 rows of recorded call 0" in text
 
 
 def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
