@@ -25,6 +25,8 @@ from miner.candidate import Candidate, Reason, Stage, StageResult, Status
 log = logging.getLogger(__name__)
 
 RUNNER = Path(__file__).with_name("runner.py")
+PREBUILD = Path(__file__).with_name("prebuild.py")  # run.py's batched builds, and what they need
+BATCHING = Path(__file__).parent.parent / "wrappers" / "batching.py"
 REASONS = {
     "mismatch": Reason.MISMATCH,
     "build_error": Reason.BUILD_ERROR,
@@ -44,6 +46,8 @@ In this folder:
 
 Options: --jobs N (parallel builds; default by cores and memory), --gpu-jobs N (parallel GPU
 runs; default one per GPU), --only ID ..., --build-timeout S, --run-timeout S, --rebuild.
+Before the tests, run.py builds the labels, variants and references many to one extension
+(prebuild.py; --no-prebuild turns that off), and each test imports its module from there.
 Extensions are cached in .build/, so a second run builds nothing it built before.
 
 Each candidate's test is run in two processes (KMINER_PHASE=build, then run), then again for
@@ -51,7 +55,7 @@ each wrong variant of its label: a test that passes a variant makes the outcome 
 Bring results.json back and read it in with testgen.bundle.ingest.
 
 Layout: manifest.json, tests/<id>.py, labels/<id>.cu, references/<id>.cpp,
-variants/<id>.<n>.<kind>.cu, run.py.
+variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py.
 """
 
 
@@ -123,6 +127,8 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
     files["manifest.json"] = (json.dumps(manifest, indent=1) + "\n").encode()
     files["README.txt"] = README.format(count=len(manifest)).encode()
     files["run.py"] = RUNNER.read_bytes()
+    files["prebuild.py"] = PREBUILD.read_bytes()
+    files["batching.py"] = BATCHING.read_bytes()
     root = out_path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with (

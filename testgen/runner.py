@@ -40,6 +40,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:  # in kminer
+    from testgen import prebuild
+except ImportError:  # in a bundle: beside run.py
+    import prebuild
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
 OUTCOMES += ("no_reference", "weak_test")
@@ -196,6 +202,7 @@ class Runner:
         for i in range(args.gpu_jobs):
             self.gpus.put(devices[i % len(devices)])
         self.env_key = f"{sys.version}|{_torch_version()}"
+        self.prebuilt: Path | None = None  # where prebuild() left its records, when it ran
         self._dir_locks: dict[Path, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -206,9 +213,14 @@ class Runner:
     def check(self, test: Path, impl: Path, ref: Path, build_dir: Path) -> Check:
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_BUILD_DIR"] = str(build_dir)
+        if self.prebuilt is not None:
+            env["KMINER_PREBUILT"] = str(self.prebuilt)
         marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
         cached = None if self.args.rebuild else _read_json(marker)
-        if cached and cached.get("outcome") in CACHED:
+        batched = [prebuild.record(self.prebuilt, p) for p in (impl, ref)] if self.prebuilt else []
+        if batched and all(batched):  # both built in batches: the run phase imports them
+            built = Check("pass", "build", batched[0].get("seconds", 0.0), cached=False)
+        elif cached and cached.get("outcome") in CACHED:
             built = Check(cached["outcome"], "build", cached=True, detail=cached.get("detail", ""))
             built.log = cached.get("log", "")
         else:
@@ -236,6 +248,30 @@ class Runner:
             self.gpus.put(dev)
         outcome, why = verdict("run", p, self.args.run_timeout)
         return Check(outcome, "run", built.build_s, p.seconds, built.cached, p.report, why, p.log)
+
+    def prebuild(self, entries: list[dict]) -> None:
+        """Labels, variants and references of `entries` built in batches (testgen/prebuild.py);
+        what does not batch is left to each test's own build."""
+        store = self.bundle / ".build" / f"prebuilt-{_digest(extra=self.env_key)}"
+        if self.args.rebuild and store.is_dir():  # the records, not the other build folders
+            shutil.rmtree(store)
+        paths = []
+        for e in entries:
+            if e.get("reference"):
+                paths += [e["label"], e["reference"], *(v["path"] for v in e.get("variants") or [])]
+        files = [self.bundle / p for p in paths if (self.bundle / p).is_file()]
+        if not files:
+            return
+        start = time.monotonic()
+        state = prebuild.prebuild(files, store, self.args.jobs, self.args.build_timeout)
+        self.prebuilt = store
+        done = sum(v == "prebuilt" for v in state.values())
+        print(
+            f"prebuilt {done} of {len(state)} sources in {time.monotonic() - start:.0f}s "
+            f"(the rest build in their tests)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def process(self, entry: dict) -> dict:
         """The results.json entry of one manifest entry (never raises but `Interrupted`)."""
@@ -265,7 +301,8 @@ class Runner:
             for v in entry.get("variants") or []:
                 path = self.bundle / v["path"]
                 c = self.check(test, path, ref, build_dir) if path.is_file() else None
-                out = INVALID if c is None or c.phase == "build" else c.outcome
+                no_module = c is not None and c.outcome in ("build_error", "import_error")
+                out = INVALID if c is None or c.phase == "build" or no_module else c.outcome
                 valid += out != INVALID
                 killed += out not in (INVALID, "pass")
                 item = {"kind": v.get("kind", ""), "path": v["path"], "outcome": out}
@@ -374,6 +411,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="skip ids already in --out")
     ap.add_argument("--rebuild", action="store_true", help="ignore cached build verdicts")
     ap.add_argument("--build-timeout", type=float, default=900.0)
+    ap.add_argument(
+        "--no-prebuild", dest="prebuild", action="store_false",
+        help="build every source in its own test (no batched builds first)",
+    )  # fmt: skip
     ap.add_argument("--run-timeout", type=float, default=180.0)
     return ap.parse_args(argv)
 
@@ -409,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     results["torch"] = results["torch"] or _torch_version()
     runner = Runner(bundle, args, devices)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if args.prebuild and todo:
+        try:
+            runner.prebuild(todo)
+        except KeyboardInterrupt:
+            prebuild.stop()
+            print("run.py: stopped while prebuilding; nothing recorded", file=sys.stderr)
+            return 130
     pool = cf.ThreadPoolExecutor(max_workers=2 * args.jobs + args.gpu_jobs)
     try:
         futures = {pool.submit(_guarded, runner, e): e["id"] for e in todo}

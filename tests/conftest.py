@@ -22,6 +22,19 @@ def expected(name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def refrepo():
+    """tests/fixtures/refrepo parsed: (discovery, extractor, launcher index, CPU references)."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+    from testgen.reference import RepoRefs
+    from wrappers.mined import LauncherIndex
+
+    disc = discover(FIXTURES / "refrepo")
+    index = LauncherIndex(disc)
+    return disc, Extractor(disc), index, RepoRefs(disc, index)
+
+
+@pytest.fixture(scope="session")
 def traps():
     from miner.discover import discover
 

@@ -9,23 +9,13 @@ from conftest import FIXTURES, kernel
 from miner.candidate import Provenance, Reference
 from miner.stages import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
-from testgen.reference import RepoRefs, find_reference, locate
+from testgen.reference import find_reference, locate
 from wrappers.batching import batch_source, split_label
-from wrappers.mined import LauncherIndex, mine_wrapper
+from wrappers.mined import mine_wrapper
 from wrappers.opmap import op_map
 from wrappers.signature import parse_signature
 
 REFREPO = FIXTURES / "refrepo"
-
-
-@pytest.fixture(scope="module")
-def refrepo():
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    disc = discover(REFREPO)
-    index = LauncherIndex(disc)
-    return disc, Extractor(disc), index, RepoRefs(disc, index)
 
 
 def candidate(refrepo, kernel_name: str):

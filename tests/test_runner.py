@@ -26,6 +26,8 @@ from testgen import runner
 
 ROOT = Path(__file__).parent.parent
 RUNNER = ROOT / "testgen" / "runner.py"
+PREBUILD = ROOT / "testgen" / "prebuild.py"
+BATCHING = ROOT / "wrappers" / "batching.py"
 FAKE = Path(__file__).parent / "fixtures" / "runner" / "fake"
 CUDA = Path(__file__).parent / "fixtures" / "runner" / "cuda"
 TIMING = ("build_s", "run_s", "build_cached", "log_tail")
@@ -37,6 +39,8 @@ def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -
     for sub in ("tests", "labels", "references", "variants"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     shutil.copy(RUNNER, root / "run.py")
+    shutil.copy(PREBUILD, root / "prebuild.py")
+    shutil.copy(BATCHING, root / "batching.py")
     ref = f"references/ref{reference.suffix}"
     shutil.copy(reference, root / ref)
     manifest = []
@@ -411,10 +415,12 @@ def test_write_bundle_run_and_ingest(tmp_path):
         tar.extractall(tmp_path / "box", filter="data")
     assert names == [
         "verify/README.txt",
+        "verify/batching.py",
         "verify/labels/a.cu",
         "verify/labels/b.cu",
         "verify/labels/c.cu",
         "verify/manifest.json",
+        "verify/prebuild.py",
         "verify/references/a.cpp",
         "verify/references/b.cpp",
         "verify/run.py",

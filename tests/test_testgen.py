@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_reference import REFREPO, candidate, kernel
+from test_reference import candidate, kernel
 
 from miner.candidate import Stage, StageResult, Status
 from testgen.cases import (
@@ -27,18 +27,7 @@ from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
 from testgen.stage import generate_for
 from wrappers.label import render_label
-from wrappers.mined import LauncherIndex, mine_wrapper
-
-
-@pytest.fixture(scope="module")
-def refrepo():
-    from miner.discover import discover
-    from miner.extract import Extractor
-    from testgen.reference import RepoRefs
-
-    disc = discover(REFREPO)
-    index = LauncherIndex(disc)
-    return disc, Extractor(disc), index, RepoRefs(disc, index)
+from wrappers.mined import mine_wrapper
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from conftest import FIXTURES, kernel, needs_nvcc
 from miner.candidate import Provenance
 from miner.stages import to_candidate
 from wrappers.batching import batch_source, split_label
-from wrappers.build import _blame
+from wrappers.batching import blame as _blame
 from wrappers.label import render_label, unit_parts
 from wrappers.mined import LauncherIndex, mine_wrapper
 from wrappers.opmap import op_map

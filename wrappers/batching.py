@@ -7,6 +7,7 @@ bundle).
 
 from __future__ import annotations
 
+import itertools
 import re
 
 BODY_BEGIN = "// kminer-label-body-begin"
@@ -114,6 +115,29 @@ def module_source(register_fns: list[str]) -> str:
         f"#include <torch/extension.h>\n{decls}"
         f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{calls}}}\n"
     )
+
+
+_ERROR_START = re.compile(
+    r"^(?:\S.*?)(?:\(\d+\)|:\d+:\d+): (?:catastrophic |fatal )?error", re.MULTILINE
+)
+
+
+def blame(log: str, include_owner: dict[int, set[str]]) -> dict[str, str]:
+    """label id -> its first error line, for every label an error of a batch's compiler log
+    mentions (by the `#line` file name of its body, or an include line only it asked for).
+    The log must name the batch file `batch.cu` or `batch.cpp`, without a folder."""
+    blamed: dict[str, str] = {}
+    starts = [m.start() for m in _ERROR_START.finditer(log)] + [len(log)]
+    for a, b in itertools.pairwise(starts):
+        block = log[a:b]
+        first = " ".join(block.splitlines()[0].split())
+        ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block))
+        m = re.match(r"batch\.(?:cu|cpp)[(:](\d+)", block)
+        if m:
+            ids |= include_owner.get(int(m.group(1)), set())
+        for cid in ids:
+            blamed.setdefault(cid, re.sub(r"^\S*kminer_\w+?\.cu", "label.cu", first)[:300])
+    return blamed
 
 
 def exposed_names(label_text: str) -> list[str]:

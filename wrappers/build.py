@@ -11,8 +11,6 @@ leave the batch and the rest is rebuilt, so one bad label never fails its neighb
 from __future__ import annotations
 
 import functools
-import itertools
-import re
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +22,7 @@ from pathlib import Path
 
 from miner.compile import TORCH_NVCC_FLAGS, nvcc_path, torch_include_dirs
 from miner.includes import exists_on_system
-from wrappers.batching import batch_source
-
-_ERROR_START = re.compile(r"^(?:\S.*?)(?:\(\d+\)|:\d+:\d+): (?:catastrophic |fatal )?error", re.M)
+from wrappers.batching import batch_source, blame
 
 
 @dataclass
@@ -65,22 +61,6 @@ def build_flags() -> tuple[str, ...]:
     )
 
 
-def _blame(log: str, include_owner: dict[int, set[str]]) -> dict[str, str]:
-    """label id → its first error line, for every label an error mentions."""
-    blamed: dict[str, str] = {}
-    starts = [m.start() for m in _ERROR_START.finditer(log)] + [len(log)]
-    for a, b in itertools.pairwise(starts):
-        block = log[a:b]
-        first = " ".join(block.splitlines()[0].split())
-        ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block))
-        m = re.match(r"batch\.cu[(:](\d+)", block)
-        if m:
-            ids |= include_owner.get(int(m.group(1)), set())
-        for cid in ids:
-            blamed.setdefault(cid, re.sub(r"^\S*kminer_\w+?\.cu", "label.cu", first)[:300])
-    return blamed
-
-
 def _nvcc(source: str, timeout: float) -> tuple[int | None, str, float]:
     with tempfile.TemporaryDirectory(prefix="kminer-build-") as tmp:
         src = Path(tmp) / "batch.cu"
@@ -109,7 +89,7 @@ def build_batch(
             for cid, _ in pending:
                 results[cid] = BuildResult(True, "", "", share)
             break
-        blamed = {} if code is None else _blame(log, owners)
+        blamed = {} if code is None else blame(log, owners)
         blamed = {cid: d for cid, d in blamed.items() if any(cid == p for p, _ in pending)}
         if not blamed:
             if len(pending) == 1:

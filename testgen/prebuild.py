@@ -1,0 +1,184 @@
+"""Build a bundle's labels, wrong variants and references many to one extension, before the tests.
+
+A test builds its implementation alone with `cpp_extension.load`: about a minute of nvcc per
+build on an H100 box, nearly all of it parsing the torch headers. A bundle holds a label, three
+variants and a reference per candidate, so the runner builds them here first, several per
+translation unit (wrappers/batching.py: each body in its own namespace, the headers parsed once
+per batch), and the tests import the module of their source from the batch instead of building it
+(the test's `KMINER_PREBUILT`: a folder of `<sha256(source)[:16]>.json` records). The record is
+keyed by the exact bytes a test would build, so a prediction or an edited label never picks up
+another's module. Whatever does not batch (no kminer body markers, a member the compiler blames,
+a batch that will not import) gets no record and is built by its test alone, whose verdict is the
+one that counts. Travels in the bundle beside run.py with `batching.py`; standard library only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+try:  # in kminer
+    from wrappers.batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
+except ImportError:  # in a bundle: beside run.py
+    from batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
+
+MAX_PER_BATCH = 12
+_LIVE: set[int] = set()  # process groups of running batch builds (stop() kills them)
+_STOPPED = False
+_BUILD = """
+import sys, torch.utils.cpp_extension as ce
+ce.load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3])
+"""
+
+
+def digest(text: bytes) -> str:
+    """The key of a source: what the test's `_load` computes from the bytes it would build."""
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def batchable(text: bytes) -> bool:
+    body = split_label(text.decode("latin-1"))[1] if BODY_BEGIN.encode() in text else ""
+    return BODY_END.encode() in text and "void kminer_bind(" in body
+
+
+@dataclass
+class Built:
+    """The outcome of one batch compile: which members built, and why the others did not."""
+
+    ok: bool
+    log: str
+    seconds: float
+
+
+def compile_batch(members: list[tuple[str, bytes]], suffix: str, folder: Path, timeout: float):
+    """Build `members` (id, source) as one extension in `folder` in a subprocess (its own
+    process group, killed at `timeout`); the import is part of the build."""
+    labels = [(cid, text.decode("latin-1")) for cid, text in members]
+    source, owners = batch_source(labels, module="TORCH_EXTENSION_NAME")
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / f"batch{suffix}"
+    src.write_text(source, encoding="latin-1", errors="replace")
+    env = {**os.environ, "MAX_JOBS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.monotonic()
+    argv = [sys.executable, "-c", _BUILD, folder.name, str(src), str(folder)]
+    proc = subprocess.Popen(
+        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    _LIVE.add(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc.pid)
+        proc.communicate()
+        return Built(False, f"batch build timed out after {timeout:g}s", timeout), owners
+    finally:
+        _LIVE.discard(proc.pid)
+    if _STOPPED:
+        raise KeyboardInterrupt
+    log = out.decode("utf-8", errors="replace").replace(str(src), src.name)
+    log = re.sub(r"\S*/(batch\.(?:cu|cpp))\b", r"\1", log)
+    return Built(proc.returncode == 0, log, time.monotonic() - start), owners
+
+
+def _kill(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, 9)
+
+
+def stop() -> None:
+    """Kill the batch builds under way; prebuild() then raises KeyboardInterrupt."""
+    global _STOPPED
+    _STOPPED = True
+    for pgid in list(_LIVE):
+        _kill(pgid)
+
+
+def build_group(members, suffix, root: Path, timeout: float, compile_fn=compile_batch) -> dict:
+    """id -> {"so" (relative to `root`), "module", "sub", "seconds"} for every member that ends
+    up in a built batch. Members the compiler blames leave the batch and the rest is rebuilt;
+    a failure nobody is blamed for splits the batch in two (a lone member that fails gets no
+    record)."""
+    records: dict[str, dict] = {}
+    pending = list(members)
+    while pending:
+        name = "kminer_pre_" + digest("|".join(c for c, _ in pending).encode() + suffix.encode())
+        built, owners = compile_fn(pending, suffix, root / name, timeout)
+        if built.ok:
+            so = next((root / name).glob(f"{name}*.so"), root / name / f"{name}.so")
+            so = so.relative_to(root)  # the record is read from `root`, wherever it is
+            share = round(built.seconds / len(pending), 2)
+            for cid, _ in pending:
+                records[cid] = {"so": str(so), "module": name, "sub": f"c_{cid}", "seconds": share}
+            return records
+        ids = {c for c, _ in pending}
+        blamed = {c for c in blame(built.log, owners) if c in ids}
+        if blamed:
+            pending = [(c, t) for c, t in pending if c not in blamed]
+            continue
+        if len(pending) == 1 or "timed out" in built.log:
+            return records
+        half = len(pending) // 2
+        for part in (pending[:half], pending[half:]):
+            records.update(build_group(part, suffix, root, timeout, compile_fn))
+        return records
+    return records
+
+
+def prebuild(
+    sources: list[Path], store: Path, jobs: int, timeout: float, compile_fn=compile_batch
+) -> dict[str, str]:
+    """Batch-build the sources that have no record yet; write a record per built one into
+    `store`. Returns {digest: "prebuilt" | "alone" (its test builds it)} for the sources asked."""
+    store.mkdir(parents=True, exist_ok=True)
+    state: dict[str, str] = {}
+    groups: dict[str, dict[str, bytes]] = {}
+    for path in sources:
+        text = path.read_bytes()
+        key = digest(text)
+        if key in state:
+            continue
+        if (store / f"{key}.json").is_file():
+            state[key] = "prebuilt"
+        elif not batchable(text) or path.suffix not in (".cu", ".cpp"):
+            state[key] = "alone"
+        else:
+            groups.setdefault(path.suffix, {})[key] = text
+    work = []
+    for suffix, members in groups.items():
+        items = sorted(members.items())
+        per = max(1, min(MAX_PER_BATCH, -(-len(items) // max(1, jobs))))
+        work += [(items[i : i + per], suffix) for i in range(0, len(items), per)]
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            pool.submit(build_group, [(f"d{k}", t) for k, t in batch], suffix, store, timeout,
+                        compile_fn)
+            for batch, suffix in work
+        ]  # fmt: skip
+        for (batch, _), fut in zip(work, futures, strict=True):
+            records = fut.result()
+            for key, _ in batch:
+                rec = records.get(f"d{key}")
+                if rec is None:
+                    state[key] = "alone"
+                    continue
+                (store / f"{key}.json").write_text(json.dumps(rec))
+                state[key] = "prebuilt"
+    return state
+
+
+def record(store: Path, path: Path) -> dict | None:
+    """The prebuilt record of the source at `path`, if any."""
+    try:
+        return json.loads((store / f"{digest(path.read_bytes())}.json").read_text())
+    except (OSError, ValueError):
+        return None

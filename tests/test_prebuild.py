@@ -1,0 +1,191 @@
+"""Batched builds of a bundle's sources (testgen/prebuild.py).
+
+Fast tests drive the batching with a stand-in compiler that fails the way nvcc does (an error
+line naming a member's `#line` file, or an error nobody can be blamed for); the `slow` test
+builds real CPU extensions through run.py and checks that the tests import what was batched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from test_testgen import affine_recorded, candidate, write_label
+
+from testgen import prebuild
+
+LABEL = """#include <torch/extension.h>
+// kminer-label-body-begin
+%s
+void kminer_bind(pybind11::module_& m) { m.def("f", &f); }
+// kminer-label-body-end
+#ifndef KMINER_BATCH
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+#endif
+"""
+
+
+class FakeCompiler:
+    """Fails a batch that holds a member whose text says BROKEN (blamed by its #line file) or
+    HIDDEN (an error in no member's file); records every batch it was asked for."""
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def __call__(self, members, suffix, folder, timeout):
+        self.batches.append([cid for cid, _ in members])
+        folder.mkdir(parents=True, exist_ok=True)
+        errors = []
+        for cid, text in members:
+            if b"BROKEN" in text:
+                errors.append(f'kminer_{cid}.cu(3): error: identifier "BROKEN" is undefined')
+            if b"HIDDEN" in text:
+                errors.append("/usr/bin/ld: undefined reference to `hidden'")
+        if not errors:
+            (folder / f"{folder.name}.so").write_bytes(b"")
+        log = "\n".join(errors) + ("\nerror: ld returned 1" if errors else "")
+        return prebuild.Built(not errors, log, 2.0 * len(members)), {}
+
+
+def sources(tmp_path: Path, bodies: dict[str, str]) -> list[Path]:
+    paths = []
+    for name, body in bodies.items():
+        path = tmp_path / name
+        path.write_text(LABEL % body if body is not None else "int main() {}\n")
+        paths.append(path)
+    return paths
+
+
+def test_batches_write_a_record_per_source_and_reuse_them(tmp_path):
+    files = sources(tmp_path, {f"l{i}.cu": f"int f() {{ return {i}; }}" for i in range(5)})
+    files += sources(tmp_path, {"r.cpp": "int f() { return 9; }"})
+    fake = FakeCompiler()
+    state = prebuild.prebuild(files, tmp_path / "store", jobs=2, timeout=60, compile_fn=fake)
+    assert set(state.values()) == {"prebuilt"} and len(state) == 6
+    # .cu and .cpp never share a batch; 5 .cu over 2 jobs: batches of 3 and 2
+    assert sorted(len(b) for b in fake.batches) == [1, 2, 3]
+    rec = prebuild.record(tmp_path / "store", files[0])
+    assert rec["sub"] == f"c_d{prebuild.digest(files[0].read_bytes())}"
+    assert (tmp_path / "store" / rec["so"]).is_file() and not Path(rec["so"]).is_absolute()
+    assert rec["seconds"] == 2.0
+    again = FakeCompiler()
+    assert prebuild.prebuild(files, tmp_path / "store", 2, 60, compile_fn=again) == state
+    assert again.batches == []  # every source already has its record
+
+
+def test_blamed_member_leaves_the_batch_and_the_rest_is_rebuilt(tmp_path):
+    files = sources(
+        tmp_path,
+        {"a.cu": "int f() { return 1; }", "b.cu": "int f() { BROKEN; }", "c.cu": "int f();"},
+    )
+    fake = FakeCompiler()
+    state = prebuild.prebuild(files, tmp_path / "store", jobs=1, timeout=60, compile_fn=fake)
+    keys = [prebuild.digest(f.read_bytes()) for f in files]
+    assert [state[k] for k in keys] == ["prebuilt", "alone", "prebuilt"]
+    assert len(fake.batches) == 2 and len(fake.batches[1]) == 2
+    assert prebuild.record(tmp_path / "store", files[1]) is None
+
+
+def test_unblamed_failure_splits_the_batch(tmp_path):
+    bodies = {f"{n}.cu": f"int f() {{ return {i}; }}" for i, n in enumerate("abcd")}
+    bodies["d.cu"] = "int f() { HIDDEN; }"
+    files = sources(tmp_path, bodies)
+    fake = FakeCompiler()
+    state = prebuild.prebuild(files, tmp_path / "store", jobs=1, timeout=60, compile_fn=fake)
+    keys = [prebuild.digest(f.read_bytes()) for f in files]
+    assert [state[k] for k in keys] == ["prebuilt", "prebuilt", "prebuilt", "alone"]
+    assert [len(b) for b in fake.batches] == [4, 2, 2, 1, 1]
+
+
+def test_sources_without_body_markers_are_built_alone(tmp_path):
+    files = sources(tmp_path, {"plain.cu": None, "ok.cu": "int f() { return 1; }"})
+    fake = FakeCompiler()
+    state = prebuild.prebuild(files, tmp_path / "store", jobs=1, timeout=60, compile_fn=fake)
+    assert state[prebuild.digest(files[0].read_bytes())] == "alone"
+    assert fake.batches == [[f"d{prebuild.digest(files[1].read_bytes())}"]]
+
+
+def test_timed_out_batch_gives_no_record_and_is_not_split(tmp_path):
+    files = sources(tmp_path, {f"{n}.cu": f"int f() {{ return {i}; }}" for i, n in enumerate("ab")})
+    calls = []
+
+    def slow(members, suffix, folder, timeout):
+        calls.append(len(members))
+        return prebuild.Built(False, f"batch build timed out after {timeout:g}s", timeout), {}
+
+    state = prebuild.prebuild(files, tmp_path / "store", jobs=1, timeout=5, compile_fn=slow)
+    assert set(state.values()) == {"alone"} and calls == [2]
+
+
+CPU_LABEL = """// a CPU stand-in of a label, in kminer's label layout
+#include <torch/extension.h>
+// kminer-label-body-begin
+void AffineForwardCUDAKernelLauncher(at::Tensor out, const at::Tensor in, const float b,
+                                     const float a, const int n) {
+  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "affine", [&] {
+    auto* o = out.data_ptr<scalar_t>();
+    auto* i = in.data_ptr<scalar_t>();
+    for (int k = 0; k < n; ++k) o[k] = a * i[k] + b%s;
+  });
+}
+void kminer_bind(pybind11::module_& m) {
+  m.def("AffineForwardCUDAKernelLauncher", &AffineForwardCUDAKernelLauncher);
+}
+// kminer-label-body-end
+#ifndef KMINER_BATCH
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+#endif
+"""
+
+
+@pytest.mark.slow
+def test_run_py_batches_builds_and_tests_import_them(refrepo, tmp_path):
+    """A real bundle on CPU: label, a wrong variant, a variant that does not compile and the
+    reference. The three that compile are built as batched extensions; the tests import them
+    (no build of their own), the wrong variant is killed, the broken one is invalid."""
+    from testgen.bundle import write_bundle
+    from testgen.stage import generate_for
+
+    work = tmp_path / "work"
+    work.mkdir()
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, work)
+    generate_for(cand, refrepo[3], affine_recorded(), work, "key1")
+    (work / "labels" / "cpu.cpp").write_text(CPU_LABEL % "")
+    (work / "variants").mkdir(exist_ok=True)
+    (work / "variants" / "wrong.cpp").write_text(CPU_LABEL % " + (k == n - 1 ? 1e-3 : 0)")
+    (work / "variants" / "broken.cpp").write_text(CPU_LABEL % " + undefined_name")
+    cand.wrapper.label_path = "labels/cpu.cpp"
+    cand.tests.variants = ["variants/wrong.cpp", "variants/broken.cpp"]
+    cand.tests.variant_kinds = ["op_swap", "no_write"]
+    info = write_bundle(work, [cand], tmp_path / "b.tar.gz")
+    with tarfile.open(info.path) as tar:
+        tar.extractall(tmp_path, filter="data")
+    bundle = tmp_path / "b"
+    proc = subprocess.run(
+        [sys.executable, "run.py", "--out", "results.json", "--jobs", "2"],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "MAX_JOBS": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "prebuilt 3 of 4 sources" in proc.stderr
+    entry = json.loads((bundle / "results.json").read_text())["entries"][cand.id]
+    assert entry["outcome"] == "pass", entry["log_tail"]
+    assert [(v["kind"], v["outcome"]) for v in entry["variants"]] == [
+        ("op_swap", "mismatch"),
+        ("no_write", "invalid"),
+    ]
+    assert entry["kill_rate"] == 1.0 and len(entry["cases"]) == cand.tests.num_cases
+    # the label's test built nothing of its own: only the broken variant has a build folder
+    built = sorted(p.name for p in (bundle / ".build").glob("*/kminer_label_*"))
+    assert len(built) == 1, built
+    stores = list((bundle / ".build").glob("prebuilt-*"))
+    assert len(stores) == 1 and len(list(stores[0].glob("*.json"))) == 3
