@@ -8,8 +8,13 @@ its version comes from the package metadata). In an unpacked bundle:
 Why it is shaped like this:
 - A test runs twice, as separate processes (the contract in testgen/__init__.py): the `build`
   phase compiles and imports the label and the reference (CPU work, `--jobs` at a time), the `run`
-  phase runs the cases on the GPU (`--gpu-jobs` at a time, by default one per visible GPU, each
-  pinned to its GPU), so timings stay clean and one hung kernel holds up one slot only.
+  phase runs the cases on the GPU (`--gpu-jobs` at a time, by default four per visible GPU, each
+  pinned to its GPU), so one hung kernel holds up one slot only. Tests that share a GPU share it
+  for their cases and take it alone for the label's timing (KMINER_GPU_LOCK: a file lock with a
+  turnstile, so a timing waits for the runs under way and no new one starts meanwhile); wrong
+  variants are not timed (KMINER_TIMING=0).
+- Before the tests, the labels, variants and references are built many to one extension
+  (prebuild.py); a test imports its module from there, and builds alone only what did not batch.
 - Every subprocess gets a fresh temp dir as cwd, its own process group (a timeout kills all it
   started) and a timeout; whatever it does (crash, hang, no report) is an outcome, never an
   error of the batch. The verdict: the timeout, then death by a signal (crash), then a CUDA
@@ -66,6 +71,7 @@ CUDA_ERROR = re.compile(
     re.IGNORECASE,
 )
 LOG_TAIL = 2000
+GPU_JOBS_PER_GPU = 4  # tests at once on one GPU (their cases are small; timing is exclusive)
 
 
 class Interrupted(Exception):
@@ -201,6 +207,7 @@ class Runner:
         self.gpus: queue.Queue[str | None] = queue.Queue()
         for i in range(args.gpu_jobs):
             self.gpus.put(devices[i % len(devices)])
+        self.devices = devices
         self.env_key = f"{sys.version}|{_torch_version()}"
         self.prebuilt: Path | None = None  # where prebuild() left its records, when it ran
         self._dir_locks: dict[Path, threading.Lock] = {}
@@ -210,8 +217,9 @@ class Runner:
         with self._locks_lock:
             return self._dir_locks.setdefault(path, threading.Lock())
 
-    def check(self, test: Path, impl: Path, ref: Path, build_dir: Path) -> Check:
+    def check(self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True) -> Check:
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
+        env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_BUILD_DIR"] = str(build_dir)
         if self.prebuilt is not None:
             env["KMINER_PREBUILT"] = str(self.prebuilt)
@@ -243,6 +251,10 @@ class Runner:
             run_env = {**env, "KMINER_PHASE": "run"}
             if dev is not None:
                 run_env["CUDA_VISIBLE_DEVICES"] = dev
+            if self.args.gpu_jobs > len(self.devices):  # tests share a GPU: timing takes it alone
+                lock = self.bundle / ".build" / f"gpu{dev if dev is not None else ''}.lock"
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                run_env["KMINER_GPU_LOCK"] = str(lock)
             p = run_test(test, run_env, self.args.run_timeout)
         finally:
             self.gpus.put(dev)
@@ -300,7 +312,7 @@ class Runner:
             valid = killed = 0
             for v in entry.get("variants") or []:
                 path = self.bundle / v["path"]
-                c = self.check(test, path, ref, build_dir) if path.is_file() else None
+                c = self.check(test, path, ref, build_dir, False) if path.is_file() else None
                 no_module = c is not None and c.outcome in ("build_error", "import_error")
                 out = INVALID if c is None or c.phase == "build" or no_module else c.outcome
                 valid += out != INVALID
@@ -406,7 +418,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--out", type=Path, default=Path("results.json"))
     ap.add_argument("--jobs", type=int, default=0, help="parallel builds (default: by cores/RAM)")
-    ap.add_argument("--gpu-jobs", type=int, default=0, help="parallel GPU runs (default: 1/GPU)")
+    ap.add_argument("--gpu-jobs", type=int, default=0, help="parallel GPU runs (default: 4/GPU)")
     ap.add_argument("--only", nargs="+", default=None, metavar="ID")
     ap.add_argument("--resume", action="store_true", help="skip ids already in --out")
     ap.add_argument("--rebuild", action="store_true", help="ignore cached build verdicts")
@@ -429,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices, gpu_name = _gpus()
     args.jobs = args.jobs if args.jobs > 0 else default_jobs()
-    args.gpu_jobs = args.gpu_jobs if args.gpu_jobs > 0 else len(devices)
+    args.gpu_jobs = args.gpu_jobs if args.gpu_jobs > 0 else GPU_JOBS_PER_GPU * len(devices)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     results = {"gpu": "", "torch": "", "cuda": "", "started": now}  # the tests' reports fill these
     results["entries"] = {}

@@ -372,3 +372,45 @@ def test_only_the_branch_taken_runs_and_vectors_come_out_of_tensors():
     assert out["batch"] == 2  # the else branch: a 4-D input
     assert out["input"] is x  # the 3-D branch's view (invalid here) never ran
     assert out["size_v"] == [0.5, 0.25, 1.0]
+
+
+def test_timing_takes_the_gpu_alone_and_waiting_timing_goes_first(refrepo, tmp_path, monkeypatch):
+    """The generated test's KMINER_GPU_LOCK: a timing waits for the shared holders under way,
+    and a test that asks for the GPU while a timing waits comes after it."""
+    import importlib.util
+    import threading
+    import time
+
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
+    monkeypatch.setenv("KMINER_GPU_LOCK", str(tmp_path / "gpu.lock"))
+    spec = importlib.util.spec_from_file_location("gen_test", tmp_path / cand.tests.path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    events = []
+
+    def hold(name, alone, seconds, delay):
+        time.sleep(delay)
+        with mod._gpu(alone):
+            events.append((name, "in"))
+            time.sleep(seconds)
+            events.append((name, "out"))
+
+    threads = [
+        threading.Thread(target=hold, args=("cases", False, 0.6, 0.0)),
+        threading.Thread(target=hold, args=("timing", True, 0.3, 0.2)),
+        threading.Thread(target=hold, args=("later", False, 0.1, 0.4)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert events == [
+        ("cases", "in"),
+        ("cases", "out"),
+        ("timing", "in"),
+        ("timing", "out"),
+        ("later", "in"),
+        ("later", "out"),
+    ]
