@@ -191,6 +191,11 @@ def ingest(results_path: Path | str, cands: list[Candidate]) -> list[Candidate]:
         metrics["kernel_time_us"] = e.get("kernel_time_us")
         metrics.update({k: str(data.get(k) or "") for k in ("gpu", "torch", "cuda")})
         metrics["cases"] = e.get("cases") or []
+        metrics["variants"] = [
+            {k: v.get(k) for k in ("kind", "outcome", "detail")}
+            for v in e.get("variants") or []
+            if isinstance(v, dict)
+        ]
         valid = [c for c in metrics["cases"] if isinstance(c, dict) and c.get("ok") is not None]
         metrics["valid_cases"] = len(valid)  # cases the reference accepted as input
         metrics["valid_shapes"] = len({json.dumps(c.get("shape")) for c in valid})

@@ -25,11 +25,12 @@ from miner.candidate import Candidate
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
-from testgen.resize import row_subsets
+from testgen.resize import more_rows, row_subsets
 
 MAX_BASE_CALLS = 6
 MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
+MAX_MODE_EDGES = 4  # modes (scalar arguments) whose first call also gets a x LARGE case
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
@@ -41,6 +42,7 @@ class BaseCall:
     origin: str  # the repository test file it was recorded from
     rows_of: int | None = None  # derived: the first `rows` rows of this base call
     rows: int = 0
+    more: bool = False  # derived: `rows` rows drawn from those of base call `rows_of`
 
 
 @dataclass
@@ -258,15 +260,31 @@ def base_calls(
         if sig not in seen:
             seen.add(sig)
             found.append(BaseCall(args, call.test_file))
-    by_shape: dict[tuple, list[BaseCall]] = {}
+    return _diverse(found), why
+
+
+def mode_key(args: list) -> tuple:
+    """The call's scalar arguments: the mode it runs in (a reduction, a type of mask)."""
+    return tuple(repr(a) for a in args if not hasattr(a, "shape"))
+
+
+def _diverse(found: list[BaseCall]) -> list[BaseCall]:
+    """MAX_BASE_CALLS of the calls, round robin over modes and, within a mode, over shapes: a
+    kernel that only one mode launches (scatter's arg kernel: min and max) gets its calls even
+    when the repository's tests call the other modes far more often."""
+    modes: dict[tuple, dict[tuple, list[BaseCall]]] = {}
     for b in found:
-        by_shape.setdefault(shape_key(b.args), []).append(b)
+        modes.setdefault(mode_key(b.args), {}).setdefault(shape_key(b.args), []).append(b)
+    queues = []
+    for by_shape in modes.values():
+        queue = []
+        while any(by_shape.values()):
+            queue += [group.pop(0) for group in by_shape.values() if group]
+        queues.append(queue)
     ordered: list[BaseCall] = []
-    while len(ordered) < min(MAX_BASE_CALLS, len(found)):  # round robin over shapes
-        for group in by_shape.values():
-            if group and len(ordered) < MAX_BASE_CALLS:
-                ordered.append(group.pop(0))
-    return ordered, why
+    while len(ordered) < min(MAX_BASE_CALLS, len(found)):
+        ordered += [q.pop(0) for q in queues if q][: MAX_BASE_CALLS - len(ordered)]
+    return ordered
 
 
 def label_dtypes(label_text: str) -> list[str]:
@@ -319,9 +337,10 @@ def channel_tiling(args: list, names: list[str] | None = None) -> list[int] | No
 
 
 def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None) -> CasePlan:
-    """Every base call as recorded, and fewer rows of them where that gives new shapes
-    (testgen.resize); then, on the first base call (the typical case), edge values, wider
-    channels (new shapes, sizes off any block multiple) and each other dtype."""
+    """Every base call as recorded, fewer rows of them where that gives new shapes, and a
+    larger random one drawn from the rows of the largest (testgen.resize); then, on the first
+    base call (the typical case), edge values (large values also on the first call of each other
+    mode), wider channels (new shapes, sizes off any block multiple) and each other dtype."""
     out = CasePlan(base=list(base), dtypes=[])
     if not base:
         return out
@@ -339,12 +358,24 @@ def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None
             shapes.add(shape_key(args))
             out.base.append(BaseCall(args, b.origin, rows_of=i, rows=m))
             add(f"rows{m}_of_{i}", len(out.base) - 1)
+    largest = max(range(len(base)), key=lambda i: _size(base[i].args))
+    more = more_rows(base[largest].args, names, MAX_ELEMENTS // 2)
+    if more is not None:
+        m, args = more
+        shapes.add(shape_key(args))
+        out.base.append(BaseCall(args, base[largest].origin, rows_of=largest, rows=m, more=True))
+        add(f"random_rows{m}_of_{largest}", len(out.base) - 1)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):
             if edge != "zeros" or not _box_like(base[0].args[d]):
                 add(f"edge_{edge}", 0, edge=edge)
-        largest = max(range(len(base)), key=lambda i: _size(base[i].args))
+        firsts = {}
+        for i, b in enumerate(base):
+            firsts.setdefault(mode_key(b.args), i)
+        for i in list(firsts.values())[1:MAX_MODE_EDGES]:  # each other mode's values, x LARGE
+            if _first_float(base[i].args) is not None:
+                add(f"edge_large_{i}", i, edge="large")
         tiled = channel_tiling(base[largest].args, names)
         if tiled:
             for times in (3, 37):

@@ -1,4 +1,4 @@
-"""New shapes from a recorded call: the same call over fewer rows of its data.
+"""New shapes from a recorded call: the same call over fewer rows of its data, or more.
 
 A repository's test often calls an op at one shape (mmcv's nms test: four boxes), and a test that
 sees one shape cannot tell a kernel that handles any count from one that handles four. The rows of
@@ -11,9 +11,12 @@ and nothing else changes. Where that may not hold the call gets no smaller shape
 - an integer argument equals the count, unless its name says it is the count (`num`, `n`,
   `num_boxes`...; it is then set to the new count) or that it is a window or a step (`ksize_h`,
   `pad_w`, `h_mask`, `dilation`);
+- the count is the product of two or three integer arguments (the rows of an im2col buffer are
+  channels x kernel height x kernel width);
 - an all-zero tensor outside the rows has a multiple of the count elements (an output sized from
   the rows, as `ious` of N x M boxes, which cannot be resized by rule);
-- an integer tensor outside the rows holds values below the count (it may index the rows).
+- an integer tensor outside the rows holds values up to the count (it may index the rows, or
+  bound them: a CSR `indptr` ends at the count).
 
 A permutation of the rows (NMS's descending `order`) keeps the entries below the new count, in
 order, so it stays the sort of the rows kept; a tensor that is another one gathered by it
@@ -22,7 +25,10 @@ order, so it stays the sort of the rows kept; a tensor that is another one gathe
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+from dataclasses import dataclass
 
 COUNT_NAME = re.compile(r"^(?:n|num|count|batch(?:_size)?|num_\w+|n_\w+)_?$", re.IGNORECASE)
 # an integer whose name says it is a window or a step is no count, whatever its value
@@ -37,18 +43,34 @@ def _is_int(a) -> bool:
     return _is_tensor(a) and not a.is_floating_point() and not a.is_complex()
 
 
+def _products(ints: list[int]) -> set[int]:
+    """Products of two or three of the integer arguments above 1 (channels x kernel h x w)."""
+    big = [v for v in ints if v > 1]
+    return {math.prod(c) for r in (2, 3) for c in itertools.combinations(big, r) if len(big) >= r}
+
+
 def row_counts(n: int) -> list[int]:
     """The smallest valid count and one near the middle (odd sizes: off any block multiple)."""
     return sorted({1, n // 2 + 1} - {n})
 
 
-def row_subsets(args: list, names: list[str] | None = None) -> list[tuple[int, list]]:
-    """(m, the call's arguments over the first m rows) for each count of `row_counts`, or []
-    when shrinking the rows may not give a valid call."""
-    names = list(names or []) + [""] * (len(args) - len(names or []))
+@dataclass
+class _Rows:
+    """What a call's rows are: their count, the tensors cut with them, count arguments, the
+    permutation of the rows (if any) and the tensors gathered by it."""
+
+    n: int
+    rows: list[int]
+    counts: list[int]
+    perm: int | None
+    gathered: set[int]
+
+
+def _analyse(args: list, names: list[str]) -> _Rows | None:
+    """The rows of the call, or None when changing their number may not give a valid call."""
     data = next((a for a in args if _is_tensor(a) and a.is_floating_point()), None)
     if data is None or data.dim() == 0 or data.shape[0] < 2:
-        return []
+        return None
     n = int(data.shape[0])
     rows = [i for i, a in enumerate(args) if _is_tensor(a) and a.dim() and a.shape[0] == n]
     counts = []
@@ -56,48 +78,128 @@ def row_subsets(args: list, names: list[str] | None = None) -> list[tuple[int, l
         if _is_tensor(a):
             box_list = i in rows and a.dim() == 2 and 4 <= a.shape[1] <= 9
             if n in tuple(a.shape)[1:] and not box_list:
-                return []
+                return None
             if i in rows or not a.numel():
                 continue
             if not a.any():
                 if a.numel() % n == 0:
-                    return []
-            elif _is_int(a) and int(a.min()) >= 0 and int(a.max()) < n:
-                return []
+                    return None
+            elif _is_int(a) and int(a.min()) >= 0 and int(a.max()) <= n:
+                return None
         elif isinstance(a, int) and not isinstance(a, bool) and a == n:
             if COUNT_NAME.match(names[i]):
                 counts.append(i)
             elif not OTHER_NAME.search(names[i]):
-                return []
+                return None
+    if n in _products([a for a in args if isinstance(a, int) and not isinstance(a, bool)]):
+        return None
     perms = [i for i in rows if _is_int(args[i]) and args[i].dim() == 1]
     perms = [i for i in perms if sorted(args[i].tolist()) == list(range(n))]
     if len(perms) > 1:
-        return []
+        return None
     perm = args[perms[0]] if perms else None
     if (
         perm is not None
         and not perm.equal(perm.sort().values)
         and perm[perm].equal(perm.sort().values)
     ):
-        return []  # a swap of rows is its own inverse: which tensor was gathered is ambiguous
+        return None  # a swap of rows is its own inverse: which tensor was gathered is ambiguous
     gathered = set()
     if perm is not None:
         for i in rows:
             others = [args[j] for j in rows if j != i and args[j].shape == args[i].shape]
             if any(args[i].equal(o.index_select(0, perm)) for o in others):
                 gathered.add(i)
+    return _Rows(n, rows, counts, perms[0] if perms else None, gathered)
+
+
+def row_subsets(args: list, names: list[str] | None = None) -> list[tuple[int, list]]:
+    """(m, the call's arguments over the first m rows) for each count of `row_counts`, or []
+    when shrinking the rows may not give a valid call."""
+    names = list(names or []) + [""] * (len(args) - len(names or []))
+    r = _analyse(args, names)
+    if r is None:
+        return []
+    perm = args[r.perm] if r.perm is not None else None
     out = []
-    for m in row_counts(n):
+    for m in row_counts(r.n):
         new = list(args)
-        for i in rows:
+        for i in r.rows:
             a = args[i]
-            if perm is not None and i == perms[0]:
+            if i == r.perm:
                 new[i] = a[a < m].clone()
-            elif i in gathered:
+            elif i in r.gathered:
                 new[i] = a[perm < m].clone()
             else:
                 new[i] = a[:m].clone()
-        for i in counts:
+        for i in r.counts:
             new[i] = m
         out.append((m, new))
     return out
+
+
+def _sort_of(perm, args: list, rows: list[int]):
+    """(tensor index, descending) of the floating 1-D row tensor `perm` sorts, or None."""
+    for i in rows:
+        a = args[i]
+        if a.dim() == 1 and a.is_floating_point():
+            for desc in (True, False):
+                if a.sort(descending=desc, stable=True).indices.equal(perm):
+                    return i, desc
+    return None
+
+
+def more_rows(args: list, names: list[str] | None = None, max_elements: int = 1 << 19):
+    """(m, the call over m > n rows drawn from its own rows with a little noise), or None.
+
+    The larger random case: each new row is a recorded row picked at random, its floating
+    values moved by 1 % of that column's spread (boxes stay boxes, and the copies overlap
+    their originals, so an NMS suppresses across thread blocks); integer rows, constant and
+    whole-number columns (a batch index, an all-zero output) are copied as they are. m is
+    odd and above two blocks of 64, so the last block is partial. A sort order of the rows is
+    taken again over the new values, or there are none."""
+    names = list(names or []) + [""] * (len(args) - len(names or []))
+    r = _analyse(args, names)
+    if r is None:
+        return None
+    per_row = sum(args[i].numel() // r.n for i in r.rows)
+    m = min(max(4 * r.n + 3, 157), max_elements // max(1, per_row))
+    m -= 1 - m % 2
+    if m <= r.n:
+        return None
+    import torch
+
+    sort = None
+    if r.perm is not None:
+        sort = _sort_of(args[r.perm], args, r.rows)
+        if sort is None:
+            return None
+    gen = torch.Generator().manual_seed(r.n * 7919 + m)
+    pick = torch.randint(0, r.n, (m,), generator=gen)
+    pick[: r.n] = torch.arange(r.n)  # every recorded row stays, the others are drawn
+    new = list(args)
+    for i in r.rows:
+        if i == r.perm or i in r.gathered:
+            continue
+        a = args[i].index_select(0, pick)
+        if a.is_floating_point():
+            rec = args[i].double()
+            spread = rec.std(dim=0, keepdim=True).nan_to_num(0.0)
+            whole = (rec == rec.round()).all(dim=0, keepdim=True)  # a batch index column
+            spread = torch.where(whole, torch.zeros_like(spread), spread)
+            noise = torch.randn(a.shape, generator=gen, dtype=torch.float64) * 0.01 * spread
+            noise[: r.n] = 0
+            a = (a.double() + noise).to(a.dtype)
+        new[i] = a.contiguous()
+    if sort is not None:
+        key, desc = sort
+        order = new[key].sort(descending=desc, stable=True).indices
+        new[r.perm] = order.to(args[r.perm].dtype)
+        for i in r.gathered:
+            src = next(j for j in r.rows if j not in r.gathered and j != r.perm
+                       and args[j].shape == args[i].shape and args[i].equal(
+                           args[j].index_select(0, args[r.perm])))  # fmt: skip
+            new[i] = new[src].index_select(0, order).contiguous()
+    for i in r.counts:
+        new[i] = m
+    return m, new

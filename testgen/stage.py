@@ -22,7 +22,7 @@ from testgen.testcode import render_test, template_version
 from testgen.variants import VariantKind, derive_variants
 
 log = logging.getLogger(__name__)
-VARIANTS_PER_KIND = 1
+VARIANTS_PER_KIND = 3  # the best of each kind, then alternates for one that survives or fails
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
 
 
@@ -132,8 +132,8 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
     short = []
     if cand.tests.num_cases < MIN_CASES or cand.tests.num_shapes < MIN_SHAPES:
         short.append(f"{cand.tests.num_cases} cases over {cand.tests.num_shapes} shapes")
-    if len(variants) < 3:
-        short.append(f"{len(variants)} wrong variants")
+    if len(set(kinds)) < 3:
+        short.append(f"wrong variants of {len(set(kinds))} kinds")
     cand.set_stage(
         Stage.TESTGEN,
         StageResult(

@@ -24,6 +24,7 @@ from miner.textprep import blank_comments_and_strings, split_top
 from miner.treewalk import LANGUAGE
 
 MAX_PER_KIND = 3
+_STEP = 10  # added to an op_swap site's rank when it only shifts by one (see is_unit_step)
 # `*` becomes `+` and `/` becomes `-`: no division by zero, and the result still changes when a
 # side is 0 or the divisor 1 (`/ count` with one sample: `* count` would be the same)
 _SWAP = {"+": "-", "-": "+", "*": "+", "/": "-", "+=": "-=", "-=": "+=", "*=": "+=", "/=": "-="}
@@ -363,6 +364,7 @@ class _Kernel:
         """Operators on the data flow into output stores, nearest the store and outermost
         first, value variables before integer ones; only when there is none, operators in
         index expressions on that flow; last, any operator of the body."""
+        steps: list[_Site | None] = []  # `x + 1` -> `x - 1`: last, after every other tier
         for tier, index in ((0, False), (2, True)):
             sites, seen = [], set()
             frontier = [(d, 0) for d in self.stores or self.helper_stores]
@@ -383,15 +385,17 @@ class _Kernel:
                         seen.add(name)
                         nxt += [(dd, dist + 1) for dd in self.defs.get(name, [])]
                 frontier = nxt
-            if any(sites):
-                return sites
+            steps += [x for x in sites if x and x.key[0] >= _STEP]
+            if any(x for x in sites if x and x.key[0] < _STEP):
+                return [x for x in sites if x and x.key[0] < _STEP] + steps
         kinds = ("binary_expression", "assignment_expression")
         ops = [n.child_by_field_name("operator") for n in _walk(self.body) if n.type in kinds]
-        return [
+        rest = [
             self.swap_site(o, (4 + self.in_loop_header(o), self.is_pointer(o.parent)))
             for o in ops
             if self.txt(o) in _SWAP
         ]
+        return [x for x in rest if x and x.key[0] < _STEP] + steps
 
     def swap_site(self, op: ts.Node, key: tuple) -> _Site | None:
         if self.is_identity(op):
@@ -400,7 +404,17 @@ class _Kernel:
         while n is not None and n.type in ("binary_expression", "parenthesized_expression"):
             depth, n = depth + (n.type == "binary_expression"), n.parent
         what = f"`{self.txt(op)}` -> `{_SWAP[self.txt(op)]}` in `{_short(self.txt(op.parent))}`"
+        if self.is_unit_step(op):
+            key = (key[0] + _STEP, *key[1:])
         return self.site(op, _SWAP[self.txt(op)], what, (*key, depth))
+
+    def is_unit_step(self, op: ts.Node) -> bool:
+        """`i + 1` / `i - 1`: swapped, a shift by two, which in triangle loops (NMS's `start =
+        tid + 1`, skipping the box itself) often changes nothing the outputs show."""
+        if self.txt(op).rstrip("=") not in ("+", "-"):
+            return False
+        sides = [op.parent.child_by_field_name(f) for f in ("left", "right")]
+        return any(n is not None and self.txt(n).rstrip("uUlL") == "1" for n in sides)
 
     def is_identity(self, op: ts.Node) -> bool:
         """`x + 0`, `x - 0`, `0 + x`, `x * 1`, `x / 1` (and `+= 0`, ...): swapping the operator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from testgen.cases import BaseCall, plan, shape_key
-from testgen.resize import row_subsets
+from testgen.resize import more_rows, row_subsets
 
 
 def test_nms_call_keeps_boxes_and_scores_together():
@@ -52,6 +52,14 @@ def test_calls_that_may_not_survive_fewer_rows_get_none():
     # the count as a size elsewhere (a 5 x 5 matrix is no list of five items)
     assert row_subsets([torch.rand(5, 3), torch.rand(2, 5)]) == []
     assert row_subsets([torch.rand(1, 3)]) == []  # one row: nothing smaller
+    # a CSR indptr ends at the count: cutting the rows would leave it pointing past them
+    src, indptr = torch.arange(6.0), torch.tensor([0, 2, 5, 5, 6])
+    assert row_subsets([src, indptr, None, "sum"], ["src", "indptr", "out", "reduce"]) == []
+    # im2col columns: channels x kernel_h x kernel_w rows (1 x 2 x 2), a size, not items
+    cols, offset = torch.rand(4, 8), torch.rand(2, 8, 2, 2)
+    args = [cols, offset, 1, 3, 3, 2, 2, 0, 0, 1, 1, 1, 1, 2, 1]
+    names = ["data_col", "data_offset", "channels", "height", "width", "ksize_h", "ksize_w"]
+    assert row_subsets(args, names) == []
 
 
 def test_plan_adds_row_cases_as_new_shapes():
@@ -60,5 +68,39 @@ def test_plan_adds_row_cases_as_new_shapes():
     rows = [c for c in p.cases if c["id"].startswith("rows")]
     assert [c["id"] for c in rows] == ["rows1_of_0", "rows4_of_0"]
     assert [p.base[c["base"]].rows for c in rows] == [1, 4]
-    assert p.shapes == 3 and len({shape_key(b.args) for b in p.base}) == 3
+    (drawn,) = [c for c in p.cases if c["id"].startswith("random_rows")]
+    assert drawn["id"] == "random_rows157_of_0" and p.base[drawn["base"]].more
+    assert p.shapes == 4 and len({shape_key(b.args) for b in p.base}) == 4
     assert base[0] is p.base[0] and len(base) == 1  # the caller's list is not changed
+
+
+def test_more_rows_draws_noisy_copies_and_sorts_again():
+    torch.manual_seed(1)  # an order that is no swap of rows (those are refused)
+    boxes = torch.rand(6, 4) * 10
+    boxes[:, 2:] += boxes[:, :2] + 1  # x2 > x1, y2 > y1
+    scores = torch.rand(6)
+    order = scores.sort(descending=True).indices
+    args = [boxes, scores, order, boxes[order], 0.5, 6, torch.zeros(3)]
+    names = ["dets", "scores", "order", "dets_sorted", "thr", "num_boxes", "unused"]
+    m, (b, s, o, bs, thr, num, z) = more_rows(args, names)
+    assert m == 157 and m % 2 == 1 and num == m and thr == 0.5 and z.equal(torch.zeros(3))
+    assert b.shape == (m, 4) and s.shape == (m,) and b[:6].equal(boxes) and s[:6].equal(scores)
+    assert ((b[:, 2:] - b[:, :2]) > 0).all()  # still boxes
+    assert not b[6:].equal(b[6:].round())  # drawn rows are moved, not only copied
+    spread = (b[6:].unsqueeze(1) - boxes.unsqueeze(0)).abs().amax(-1).amin(1)
+    assert (spread < 0.2 * boxes.std(0).max()).all()  # each drawn box near a recorded one
+    assert o.equal(s.sort(descending=True).indices) and bs.equal(b[o])
+    _, again = more_rows(args, names)  # deterministic
+    assert all(
+        x.equal(y) if hasattr(x, "equal") else x == y
+        for x, y in zip(again, [b, s, o, bs, thr, num, z], strict=True)
+    )
+
+
+def test_more_rows_keeps_whole_number_columns_and_respects_the_size_cap():
+    rois = torch.tensor([[0.0, 1.5, 1.5, 4.2, 4.2], [1.0, 2.1, 0.5, 6.3, 3.3]])
+    feats = torch.rand(2, 3, 8, 8)
+    m, (r, f) = more_rows([rois, feats], ["rois", "features"])
+    assert m == 157 and r.shape == (m, 5) and f.shape == (m, 3, 8, 8)
+    assert set(r[:, 0].tolist()) == {0.0, 1.0}  # the batch index column is copied, not moved
+    assert more_rows([rois, feats], ["rois", "features"], max_elements=2 * 197) is None

@@ -107,6 +107,17 @@ BATCH = [
     ),
     {"id": "asserts", "label": fake("asserts")},
     {"id": "noref", "label": fake("pass"), "reference": False},
+    {
+        "id": "alternate",  # an op_swap the test passes (maybe equivalent), then one it kills
+        "label": fake("pass"),
+        "variants": [
+            ("op_swap", fake("v_pass")),
+            ("op_swap", fake("v_mismatch")),
+            ("op_swap", fake("v_segv")),
+            ("no_write", fake("v_nobuild")),
+            ("no_write", fake("v_mismatch")),
+        ],
+    },
 ]
 FAKE_CASES = [
     {
@@ -157,6 +168,7 @@ def test_batch_completes_with_every_outcome(batch):
         "hangbuild": ("timeout", "build"),
         "asserts": ("mismatch", "run"),
         "noref": ("no_reference", ""),
+        "alternate": ("pass", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -190,7 +202,15 @@ def test_entry_fields(batch):
         ("op_swap", "pass"),
         ("off_by_one", "mismatch"),
     ]
-    assert weak["detail"] == "passed wrong variant(s): op_swap"
+    assert weak["detail"] == "passed every wrong variant of: op_swap"
+    alt = entries["alternate"]  # the next of a kind stands in for a survivor or a non-build
+    assert [(v["kind"], v["outcome"]) for v in alt["variants"]] == [
+        ("op_swap", "pass"),
+        ("op_swap", "mismatch"),
+        ("no_write", "invalid"),
+        ("no_write", "mismatch"),
+    ]
+    assert alt["kill_rate"] == 1.0 and alt["detail"] == ""
     mismatch = entries["mismatch"]
     assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
@@ -461,6 +481,18 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "cases": FAKE_CASES,
         "valid_cases": 2,
         "valid_shapes": 2,
+        "variants": [
+            {
+                "kind": "off_by_one",
+                "outcome": "mismatch",
+                "detail": "FAILED ::test_fake - AssertionError: case_1 differs from the reference",
+            },
+            {
+                "kind": "no_write",
+                "outcome": "invalid",
+                "detail": "label.cu(3): error: expected a ';'",
+            },
+        ],
     }
     assert a.seconds > 0 and len(a.key) == 16
     assert (b.status, b.reason, b.metrics["outcome"]) == (Status.ERROR, Reason.MISMATCH, "mismatch")

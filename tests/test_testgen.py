@@ -186,16 +186,20 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     assert r.status == Status.OK, r.detail
     assert r.metrics["reference_kind"] == "cpp"
     assert r.metrics["num_cases"] == cand.tests.num_cases >= 5
-    # 3 recorded lengths, and fewer rows of them (the count `n` follows): 1, 3 (of 5), 151
-    assert r.metrics["num_shapes"] == cand.tests.num_shapes == 7
+    # 3 recorded lengths, fewer rows of them (the count `n` follows): 1, 3 (of 5), 151, and
+    # 4003 rows drawn from the 1000 of the largest
+    assert r.metrics["num_shapes"] == cand.tests.num_shapes == 8
     assert cand.tests.dtypes == ["float32", "float64"]
-    assert sorted(cand.tests.variant_kinds) == ["no_write", "off_by_one", "op_swap"]
+    kinds = cand.tests.variant_kinds  # each kind's best first, then its alternates
+    assert sorted(set(kinds)) == ["no_write", "off_by_one", "op_swap"] and len(kinds) > 3
+    assert kinds == sorted(kinds, key=["no_write", "off_by_one", "op_swap"].index)
     assert all((tmp_path / v).is_file() for v in cand.tests.variants)
     text = (tmp_path / cand.tests.path).read_text()
     compile(text, cand.tests.path, "exec")
     assert 'FUNCTION = "AffineForwardCUDAKernelLauncher"' in text
     assert "affine_forward_cpu" in text and "rtol" in text
     assert "rows1_of_0" in text and "the first 3 rows of recorded call 0" in text
+    assert "random_rows4003_of_2" in text and "4003 rows drawn from recorded call 2" in text
 
 
 def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):

@@ -187,7 +187,25 @@ def test_gather_without_value_arithmetic_swaps_in_the_index():
         "  if (i < n) out[i] = src[idx[i] * k + 1];\n}\n",
     )
     swaps = [v for v in derive_variants(text, "g") if v.kind == VariantKind.OP_SWAP]
-    assert "out[i] = src[idx[i] * k - 1];" in swaps[0].text
+    assert "out[i] = src[idx[i] + k + 1];" in swaps[0].text
+    # `+ 1` -> `- 1` is a shift by two: it comes after every other operator
+    assert all("* k - 1" not in v.text for v in swaps)
+
+
+def test_unit_steps_come_after_every_other_operator():
+    """NMS: `start = tid + 1` skips the box itself; `tid - 1` adds it and the box before, whose
+    bits the host loop never reads, so the variant equals the label. Other operators first."""
+    text = _inline(
+        "nms",
+        "__global__ void nms(const float* boxes, unsigned long long* mask, int n, int blocks) {\n"
+        "  int tid = threadIdx.x;\n  int start = 0;\n"
+        "  if (blockIdx.x == blockIdx.y) start = tid + 1;\n"
+        "  unsigned long long t = 0;\n"
+        "  for (int i = start; i < n; i++) if (boxes[i] > boxes[tid]) t |= 1ULL << i;\n"
+        "  mask[tid * blocks + blockIdx.y] = t;\n}\n",
+    )
+    swaps = [v for v in derive_variants(text, "nms") if v.kind == VariantKind.OP_SWAP]
+    assert "tid - 1" not in swaps[0].text and any("tid - 1" in v.text for v in swaps)
 
 
 def test_value_operators_before_index_operators():
