@@ -214,6 +214,10 @@ class Candidate(BaseModel):
     def stage(self, stage: Stage) -> StageResult | None:
         return self.stages.get(stage.value)
 
+    def clear_stage(self, stage: Stage) -> None:
+        """Forget a stage's result: what it was about has changed (a new test is unverified)."""
+        self.stages.pop(stage.value, None)
+
     def summary(self) -> dict:
         """The stable JSON face of a candidate (`kminer candidates --json`)."""
         return {

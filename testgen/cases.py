@@ -30,7 +30,7 @@ from testgen.resize import more_rows, row_subsets
 MAX_BASE_CALLS = 6
 MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
-MAX_MODE_EDGES = 4  # modes (scalar arguments) whose first call also gets a x LARGE case
+MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
@@ -264,8 +264,11 @@ def base_calls(
 
 
 def mode_key(args: list) -> tuple:
-    """The call's scalar arguments: the mode it runs in (a reduction, a type of mask)."""
-    return tuple(repr(a) for a in args if not hasattr(a, "shape"))
+    """The call's scalar arguments by position: the mode it runs in (a reduction, a type of
+    mask). An optional argument given or left out (None) is no other mode."""
+    return tuple(
+        (i, repr(a)) for i, a in enumerate(args) if not hasattr(a, "shape") and a is not None
+    )
 
 
 def _diverse(found: list[BaseCall]) -> list[BaseCall]:

@@ -88,6 +88,7 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
     from testgen.reference import find_reference
 
     start = time.perf_counter()
+    cand.clear_stage(Stage.VERIFY)  # whatever comes out, the last verdict was on other tests
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
     if isinstance(found, str):
         cand.reference = Reference()

@@ -202,6 +202,14 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     assert "random_rows4003_of_2" in text and "4003 rows drawn from recorded call 2" in text
 
 
+def test_new_tests_forget_the_last_verdict(refrepo, tmp_path):
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    cand.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics={"outcome": "pass"}))
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key2")
+    assert cand.stage(Stage.TESTGEN).status == Status.OK and cand.stage(Stage.VERIFY) is None
+
+
 def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
@@ -418,3 +426,21 @@ def test_timing_takes_the_gpu_alone_and_waiting_timing_goes_first(refrepo, tmp_p
         ("later", "in"),
         ("later", "out"),
     ]
+
+
+def test_base_calls_spread_over_modes_before_shapes():
+    """scatter's arg kernel runs for min and max only: those calls must be among the few kept,
+    however many sum calls of other shapes the repository's tests make."""
+    from testgen.cases import _diverse, mode_key
+
+    def call(n, reduce, out=None):
+        return BaseCall([torch.rand(n), torch.zeros(n, dtype=torch.long), out, reduce], "t.py")
+
+    found = [call(n, "sum") for n in range(2, 12)] + [call(3, "min"), call(4, "max")]
+    found.append(call(5, "sum", out=torch.zeros(1)))  # an optional out given: the same mode
+    assert mode_key(found[-1].args) == mode_key(found[0].args)
+    kept = _diverse(found)
+    assert [b.args[3] for b in kept][:3] == ["sum", "min", "max"] and len(kept) == 6
+    p = plan(kept, ["float32"])
+    large = {kept[c["base"]].args[3] for c in p.cases if c["edge"] == "large"}
+    assert large == {"sum", "min", "max"}
