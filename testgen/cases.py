@@ -272,21 +272,22 @@ def mode_key(args: list) -> tuple:
 
 
 def _diverse(found: list[BaseCall]) -> list[BaseCall]:
-    """MAX_BASE_CALLS of the calls, round robin over modes and, within a mode, over shapes: a
-    kernel that only one mode launches (scatter's arg kernel: min and max) gets its calls even
+    """MAX_BASE_CALLS of the calls, round robin over modes, each turn taking a shape not taken
+    yet where the mode has one: a kernel that only one mode launches (scatter's arg kernel: min and max) gets its calls even
     when the repository's tests call the other modes far more often."""
-    modes: dict[tuple, dict[tuple, list[BaseCall]]] = {}
+    modes: dict[tuple, list[BaseCall]] = {}
     for b in found:
-        modes.setdefault(mode_key(b.args), {}).setdefault(shape_key(b.args), []).append(b)
-    queues = []
-    for by_shape in modes.values():
-        queue = []
-        while any(by_shape.values()):
-            queue += [group.pop(0) for group in by_shape.values() if group]
-        queues.append(queue)
+        modes.setdefault(mode_key(b.args), []).append(b)
     ordered: list[BaseCall] = []
+    shapes: set[tuple] = set()
     while len(ordered) < min(MAX_BASE_CALLS, len(found)):
-        ordered += [q.pop(0) for q in queues if q][: MAX_BASE_CALLS - len(ordered)]
+        for queue in modes.values():  # each mode in turn: a shape not taken yet, if it has one
+            if not queue or len(ordered) >= MAX_BASE_CALLS:
+                continue
+            at = next((i for i, b in enumerate(queue) if shape_key(b.args) not in shapes), 0)
+            pick = queue.pop(at)
+            ordered.append(pick)
+            shapes.add(shape_key(pick.args))
     return ordered
 
 
