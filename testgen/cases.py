@@ -273,8 +273,8 @@ def mode_key(args: list) -> tuple:
 
 def _diverse(found: list[BaseCall]) -> list[BaseCall]:
     """MAX_BASE_CALLS of the calls, round robin over modes, each turn taking a shape not taken
-    yet where the mode has one: a kernel that only one mode launches (scatter's arg kernel: min and max) gets its calls even
-    when the repository's tests call the other modes far more often."""
+    yet where the mode has one: a kernel that only one mode launches (scatter's arg kernel: min
+    and max) gets its calls even when the repository's tests call the other modes far more."""
     modes: dict[tuple, list[BaseCall]] = {}
     for b in found:
         modes.setdefault(mode_key(b.args), []).append(b)
