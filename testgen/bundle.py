@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Stage, StageResult, Status
+from testgen.stage import MIN_CASES, MIN_SHAPES
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def _entry(workdir: Path, cand: Candidate) -> tuple[dict, dict[str, bytes]]:
         label: _read(workdir, cand.wrapper.label_path, "label"),
     }
     entry = {"id": cid, "test": f"tests/{cid}.py", "label": label, "reference": None}
+    entry.update(min_cases=MIN_CASES, min_shapes=MIN_SHAPES)  # fewer valid ones: weak_test
     if cand.reference.path:
         rel = f"references/{cid}{Path(cand.reference.path).suffix or '.cpp'}"
         files[rel] = _read(workdir, cand.reference.path, "reference")

@@ -36,6 +36,8 @@ Why it is shaped like this:
   equivalent to the label (NMS's `start = tid + 1` -> `tid - 1` adds comparisons whose bits are
   never read), so the next of its kind is tried, and every variant run stays in the entry.
   kill_rate = kinds killed / kinds with a variant that built; a kind never killed: weak_test.
+  So is a test with fewer valid cases or shapes than its manifest entry's min_cases/min_shapes
+  (a test that sees one shape cannot tell a kernel that works for that shape only).
 """
 
 from __future__ import annotations
@@ -341,6 +343,16 @@ class Runner:
         if tried - killed:
             kinds = ", ".join(sorted(tried - killed))
             res.update(outcome="weak_test", detail=f"passed every wrong variant of: {kinds}")
+        valid = [c for c in res["cases"] if isinstance(c, dict) and c.get("ok") is not None]
+        shapes = len({json.dumps(c.get("shape")) for c in valid})
+        if res["outcome"] == "pass" and (
+            len(valid) < entry.get("min_cases", 0) or shapes < entry.get("min_shapes", 0)
+        ):
+            need = f"{entry.get('min_cases', 0)} over {entry.get('min_shapes', 0)}"
+            res.update(
+                outcome="weak_test",
+                detail=f"{len(valid)} valid cases over {shapes} shapes (needs {need})",
+            )
         return res
 
 

@@ -55,6 +55,7 @@ def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -
             variants.append({"kind": kind, "path": f"variants/{eid}.{n}{src.suffix}"})
             shutil.copy(src, root / variants[-1]["path"])
         entry = {"id": eid, "test": test, "label": label, "variants": variants}
+        entry.update({k: e[k] for k in ("min_cases", "min_shapes") if k in e})
         manifest.append({**entry, "reference": ref if e.get("reference", True) else None})
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return root
@@ -107,6 +108,7 @@ BATCH = [
     ),
     {"id": "asserts", "label": fake("asserts")},
     {"id": "noref", "label": fake("pass"), "reference": False},
+    {"id": "short", "label": fake("pass"), "min_cases": 3, "min_shapes": 2},
     {
         "id": "alternate",  # an op_swap the test passes (maybe equivalent), then one it kills
         "label": fake("pass"),
@@ -169,6 +171,7 @@ def test_batch_completes_with_every_outcome(batch):
         "asserts": ("mismatch", "run"),
         "noref": ("no_reference", ""),
         "alternate": ("pass", "run"),
+        "short": ("weak_test", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -211,6 +214,7 @@ def test_entry_fields(batch):
         ("no_write", "mismatch"),
     ]
     assert alt["kill_rate"] == 1.0 and alt["detail"] == ""
+    assert entries["short"]["detail"] == "2 valid cases over 2 shapes (needs 3 over 2)"
     mismatch = entries["mismatch"]
     assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
@@ -461,9 +465,14 @@ def test_write_bundle_run_and_ingest(tmp_path):
             {"kind": "off_by_one", "path": "variants/a.0.off_by_one.cu"},
             {"kind": "no_write", "path": "variants/a.1.no_write.cu"},
         ],
+        "min_cases": 5,
+        "min_shapes": 3,
     }
     assert manifest[2]["reference"] is None
     assert "python run.py" in (box / "README.txt").read_text()
+    for e in manifest:  # the fake test has 2 cases over 2 shapes
+        e.update(min_cases=2, min_shapes=2)
+    (box / "manifest.json").write_text(json.dumps(manifest))
 
     proc = run_py(box, "--out", str(tmp_path / "results.json"), "--jobs", "2")
     assert proc.returncode == 0, proc.stderr
