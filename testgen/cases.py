@@ -25,10 +25,11 @@ from miner.candidate import Candidate
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
-from testgen.resize import more_rows, row_subsets
+from testgen.resize import conv_resize, more_rows, row_subsets
 
 MAX_BASE_CALLS = 6
 MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
+MAX_BINDING_CALLS = 4  # calls derived at the binding, then carried down (binding_variants)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
 MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
@@ -43,6 +44,8 @@ class BaseCall:
     rows_of: int | None = None  # derived: the first `rows` rows of this base call
     rows: int = 0
     more: bool = False  # derived: `rows` rows drawn from those of base call `rows_of`
+    call: RecordedCall | None = None  # the repository's call it was carried down from
+    derived: str = ""  # how the binding call was changed before it was carried down
 
 
 @dataclass
@@ -96,22 +99,29 @@ def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
     return None
 
 
-def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
-    """The launcher's arguments for one recorded binding call; Unmappable when the chain
-    computes one in a way we cannot follow."""
-    python_fn = call.function
-    params = refs.params_of(python_fn)
+def bind_call(call: RecordedCall, refs) -> tuple[list[str], dict]:
+    """The binding's parameter names and the recorded call's arguments by name (keywords
+    renamed through its py::arg list); Unmappable when the call does not fit."""
+    params = refs.params_of(call.function)
     if params is None:
-        raise Unmappable(f"{python_fn} has no definition in the repository")
+        raise Unmappable(f"{call.function} has no definition in the repository")
     bound = call.bind(params)
     if bound is None and call.kwargs:  # keywords named by the binding's py::arg list
-        names = pybind_arg_names(refs, python_fn)
+        names = pybind_arg_names(refs, call.function)
         if names and len(names) == len(params):
             rename = dict(zip(names, params, strict=True))
             renamed = {rename.get(k, k): v for k, v in call.kwargs.items()}
             bound = RecordedCall(call.function, call.args, renamed).bind(params)
     if bound is None:
-        raise Unmappable(f"the recorded call does not fit {python_fn}({', '.join(params)})")
+        raise Unmappable(f"the recorded call does not fit {call.function}({', '.join(params)})")
+    return params, bound
+
+
+def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
+    """The launcher's arguments for one recorded binding call; Unmappable when the chain
+    computes one in a way we cannot follow."""
+    python_fn = call.function
+    _, bound = bind_call(call, refs)
     env = bound
     for caller, callee in descent(cand, python_fn):
         item = refs.definition(caller)
@@ -259,15 +269,53 @@ def base_calls(
         sig = _signature(args)
         if sig not in seen:
             seen.add(sig)
-            found.append(BaseCall(args, call.test_file))
+            found.append(BaseCall(args, call.test_file, call=call))
     return _diverse(found), why
+
+
+def binding_variants(base: list[BaseCall], cand: Candidate, refs) -> list[BaseCall]:
+    """New shapes made where the repository makes its calls: a recorded binding call with fewer
+    rows or, for a convolution, a larger input (testgen.resize), carried down like any recorded
+    call, so whatever the launcher gets from them (buffers, counts, output sizes) is computed by
+    the repository's own host code. MAX_BINDING_CALLS at most, each of a new launcher shape."""
+    shapes = {shape_key(b.args) for b in base}
+    out: list[BaseCall] = []
+    for i, b in enumerate(base):
+        if b.call is None:
+            continue
+        try:
+            params, bound = bind_call(b.call, refs)
+        except Unmappable:
+            continue
+        args = [bound[p] for p in params]
+        tries = [(f"the first {m} rows", a) for m, a in row_subsets(args, params)]
+        tries += conv_resize(args, params)
+        for how, new in tries:
+            if len(out) >= MAX_BINDING_CALLS:
+                return out
+            call = RecordedCall(b.call.function, new, {}, b.call.test_file)
+            try:
+                launched = carry_down(call, cand, refs)
+            except (Unmappable, ValueError, RuntimeError, IndexError):
+                continue
+            if shape_key(launched) in shapes or _size(launched) > MAX_ELEMENTS:
+                continue
+            shapes.add(shape_key(launched))
+            out.append(BaseCall(launched, b.origin, rows_of=i, call=call, derived=how))
+    return out
 
 
 def mode_key(args: list) -> tuple:
     """The call's scalar arguments by position: the mode it runs in (a reduction, a type of
-    mask). An optional argument given or left out (None) is no other mode."""
+    mask). An optional argument given or left out (None) is no other mode, nor is a count
+    (an integer above 1 that is the size of one of the call's tensors)."""
+    dims = {int(d) for a in args if hasattr(a, "shape") for d in a.shape}
     return tuple(
-        (i, repr(a)) for i, a in enumerate(args) if not hasattr(a, "shape") and a is not None
+        (i, repr(a))
+        for i, a in enumerate(args)
+        if not hasattr(a, "shape")
+        and a is not None
+        and not (isinstance(a, int) and not isinstance(a, bool) and a > 1 and a in dims)
     )
 
 
@@ -340,7 +388,12 @@ def channel_tiling(args: list, names: list[str] | None = None) -> list[int] | No
     return picked
 
 
-def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None) -> CasePlan:
+def plan(
+    base: list[BaseCall],
+    dtypes: list[str],
+    names: list[str] | None = None,
+    derived: list[BaseCall] = (),
+) -> CasePlan:
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
     base call (the typical case), edge values (large values also on the first call of each other
@@ -355,6 +408,11 @@ def plan(base: list[BaseCall], dtypes: list[str], names: list[str] | None = None
     for i, _ in enumerate(base):
         add(f"recorded_{i}", i)
     shapes = {shape_key(b.args) for b in base}
+    for k, b in enumerate(derived):  # made at the binding (binding_variants)
+        if shape_key(b.args) not in shapes:
+            shapes.add(shape_key(b.args))
+            out.base.append(b)
+            add(f"binding_{k}_of_{b.rows_of}", len(out.base) - 1)
     for i, b in enumerate(base):
         for m, args in row_subsets(b.args, names):
             if shape_key(args) in shapes or len(out.base) - len(base) >= MAX_ROW_CALLS:

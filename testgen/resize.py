@@ -203,3 +203,108 @@ def more_rows(args: list, names: list[str] | None = None, max_elements: int = 1 
     for i in r.counts:
         new[i] = m
     return m, new
+
+
+_GEOMETRY = {  # (role, axis) from an integer argument's name: kH, kernel_w, stride_h, padW ...
+    "kernel": re.compile(r"^(?:k|ksize|kernel(?:_size)?)_?([hw])$", re.IGNORECASE),
+    "stride": re.compile(r"^(?:d|stride)_?([hw])$", re.IGNORECASE),
+    "pad": re.compile(r"^pad(?:ding)?_?([hw])$", re.IGNORECASE),
+    "dilation": re.compile(r"^dil(?:ation)?_?([hw])$", re.IGNORECASE),
+}
+_SIZE_NAME = re.compile(r"(?:^|_)(?:h|w|height|width|size|dim|len)(?:_|$)", re.IGNORECASE)
+_IN_SIZE_NAME = re.compile(r"^(?:in(?:put)?_?)?(height|width|h|w)$", re.IGNORECASE)
+
+
+def _geometry(args: list, names: list[str]) -> dict | None:
+    """{axis: (kernel, stride, pad, dilation)} from the named integer arguments, or None."""
+    found: dict[str, dict[str, int]] = {"h": {}, "w": {}}
+    for a, name in zip(args, names, strict=False):
+        if not isinstance(a, int) or isinstance(a, bool):
+            continue
+        for role, pattern in _GEOMETRY.items():
+            m = pattern.match(name or "")
+            if m:
+                found[m.group(1).lower()][role] = a
+    if any("kernel" not in found[ax] for ax in "hw"):
+        return None
+    return {
+        ax: (f["kernel"], f.get("stride", 1), f.get("pad", 0), f.get("dilation", 1))
+        for ax, f in found.items()
+    }
+
+
+def _size_int(a, name: str, sizes: tuple) -> bool:
+    """An integer argument equal to one of the sizes that is not a kernel/stride/pad/dilation."""
+    return (
+        isinstance(a, int)
+        and not isinstance(a, bool)
+        and a in sizes
+        and not any(p.match(name) for p in _GEOMETRY.values())
+    )
+
+
+def _conv_out(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // max(1, stride) + 1
+
+
+def conv_resize(args: list, names: list[str] | None = None) -> list[tuple[str, list]]:
+    """(label, the call at a new input height and width) for a convolution-like call, or [].
+
+    A call is convolution-like when integer arguments name a kernel size per axis (`kH`/`kW`,
+    `kernel_h`...; stride, padding and dilation too, or their defaults) and its data is
+    (N, C, H, W). Every other tensor of 3+ dimensions ending in (H, W) or in the output size
+    (H_out, W_out) is resized with it (fresh values of the same mean and spread; zeros stay
+    zeros), weights (ending in the kernel size, not per sample) stay. Anything that may not
+    follow (an integer tensor with those dims, a size argument, a tensor ending in the kernel
+    size that is also per sample when N is 1) gives no call."""
+    import torch
+
+    names = list(names or []) + [""] * (len(args) - len(names or []))
+    geo = _geometry(args, names)
+    data = next((a for a in args if _is_tensor(a) and a.is_floating_point()), None)
+    if geo is None or data is None or data.dim() != 4:
+        return []
+    n, (h, w) = int(data.shape[0]), (int(data.shape[2]), int(data.shape[3]))
+    out = (_conv_out(h, *geo["h"]), _conv_out(w, *geo["w"]))
+    kernel = (geo["h"][0], geo["w"][0])
+    roles: dict[int, str] = {}
+    for i, a in enumerate(args):
+        if _is_tensor(a) and a.dim() >= 3 and a.numel():
+            tail = tuple(int(x) for x in a.shape[-2:])
+            role = "in" if tail == (h, w) else "out" if tail == out else ""
+            if not role:
+                continue
+            per_sample = int(a.shape[0]) == n
+            if tail == kernel and (not per_sample or n == 1):
+                if per_sample:
+                    return []  # a weight or one sample's map: cannot tell
+                continue  # a weight
+            if not a.is_floating_point() or (not per_sample and a is not data):
+                return []
+            roles[i] = role
+        elif _size_int(a, names[i], (h, w, *out)):
+            if _IN_SIZE_NAME.match(names[i]):
+                roles[i] = "size_" + _IN_SIZE_NAME.match(names[i]).group(1)[0].lower()
+            elif _SIZE_NAME.search(names[i]):
+                return []
+    results = []
+    gen = torch.Generator().manual_seed(h * 131 + w)
+    for label, (nh, nw) in (("taller", (h + 4, w + 2)), ("larger", (2 * h + 5, 2 * w + 3))):
+        nout = (_conv_out(nh, *geo["h"]), _conv_out(nw, *geo["w"]))
+        if min(nout) < 1 or ((h, w) == out and nout != (nh, nw)):
+            continue  # in and out alike only at the recorded size: which is which is unknown
+        new = list(args)
+        for i, role in roles.items():
+            if role.startswith("size_"):
+                new[i] = nh if role == "size_h" else nw
+                continue
+            a = args[i]
+            size = (*a.shape[:-2], *((nh, nw) if role == "in" else nout))
+            if not a.any():
+                new[i] = torch.zeros(size, dtype=a.dtype)
+                continue
+            ref = a.double()
+            fresh = torch.randn(size, generator=gen, dtype=torch.float64)
+            new[i] = (fresh * ref.std().nan_to_num(1.0) + ref.mean()).to(a.dtype)
+        results.append((f"{label} input {nh}x{nw}", new))
+    return results

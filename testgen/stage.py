@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
-from testgen.cases import base_calls, label_dtypes, plan
+from testgen.cases import base_calls, binding_variants, label_dtypes, plan
 from testgen.inputs import RECORDER, record_repo_calls
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.testcode import render_test, template_version
@@ -107,7 +107,8 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     params = refs.params_of(function)
-    case_plan = plan(base, label_dtypes(label_text), params)
+    derived = binding_variants(base, cand, refs)
+    case_plan = plan(base, label_dtypes(label_text), params, derived)
     text = render_test(cand, function, case_plan, reference_text)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)

@@ -43,7 +43,10 @@ def _describe(case: dict, plan: CasePlan) -> str:
     base = plan.base[case["base"]]
     shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
     what = f"recorded call {case['base']} from {base.origin}, tensors {shapes}"
-    if base.rows_of is not None and base.more:
+    if base.derived:
+        what = f"recorded call {base.rows_of} ({base.origin}) with {base.derived} at the "
+        what += f"binding `{base.call.function}`, carried down: tensors {shapes}"
+    elif base.rows_of is not None and base.more:
         what = f"{base.rows} rows drawn from recorded call {base.rows_of} ({base.origin}) with "
         what += f"1% noise, tensors {shapes}"
     elif base.rows_of is not None:

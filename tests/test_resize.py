@@ -104,3 +104,31 @@ def test_more_rows_keeps_whole_number_columns_and_respects_the_size_cap():
     assert m == 157 and r.shape == (m, 5) and f.shape == (m, 3, 8, 8)
     assert set(r[:, 0].tolist()) == {0.0, 1.0}  # the batch index column is copied, not moved
     assert more_rows([rois, feats], ["rois", "features"], max_elements=2 * 197) is None
+
+
+def test_conv_resize_follows_the_output_size_and_keeps_weights():
+    """mmcv's deform_conv_forward as its test calls it: input (10,1,3,3), a 2x2 kernel, offset
+    and output at the 2x2 output size; the weight (1,1,2,2) also ends in 2x2 and must stay."""
+    from testgen.resize import conv_resize
+
+    args = [torch.rand(10, 1, 3, 3), torch.rand(1, 1, 2, 2), torch.rand(10, 8, 2, 2)]
+    args += [torch.zeros(10, 1, 2, 2), torch.zeros(0), torch.zeros(0), 2, 2, 1, 1, 0, 0, 1, 1]
+    args += [1, 1, 2]
+    names = ["input", "weight", "offset", "output", "columns", "ones", "kW", "kH", "dW", "dH"]
+    names += ["padW", "padH", "dilationW", "dilationH", "group", "deformable_group"]
+    names += ["im2col_step"]
+    out = conv_resize(args, names)
+    assert [label for label, _ in out] == ["taller input 7x5", "larger input 11x9"]
+    new = out[0][1]
+    shapes = [tuple(a.shape) for a in new[:4]]
+    assert shapes == [(10, 1, 7, 5), (1, 1, 2, 2), (10, 8, 6, 4), (10, 1, 6, 4)]
+    assert new[1] is args[1] and not new[3].any() and new[16] == 2
+    assert abs(float(new[2].mean()) - float(args[2].mean())) < 0.5  # values like the recorded
+    # padding 1 with a 3x3 kernel keeps the size at every size: in and out both follow
+    same = [torch.rand(2, 4, 5, 5), torch.zeros(2, 4, 5, 5), 3, 3, 1, 1]
+    assert len(conv_resize(same, ["x", "y", "kernel_h", "kernel_w", "pad_h", "pad_w"])) == 2
+    # no kernel size by name: not a convolution
+    assert conv_resize([*args[:6], 2, 2], [*names[:6], "a", "b"]) == []
+    # an integer tensor at the input size may index it: no call
+    idx = torch.zeros(10, 1, 3, 3, dtype=torch.long)
+    assert conv_resize([args[0], idx, 2, 2], ["x", "i", "kH", "kW"]) == []

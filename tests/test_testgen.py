@@ -198,7 +198,8 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     compile(text, cand.tests.path, "exec")
     assert 'FUNCTION = "AffineForwardCUDAKernelLauncher"' in text
     assert "affine_forward_cpu" in text and "rtol" in text
-    assert "rows1_of_0" in text and "the first 3 rows of recorded call 0" in text
+    # fewer rows made at the binding and carried down (the count `n` follows)
+    assert "binding_0_of_0" in text and "recorded call 0 (t.py) with the first 3 rows" in text
     assert "random_rows4003_of_2" in text and "4003 rows drawn from recorded call 2" in text
 
 
