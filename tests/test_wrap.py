@@ -210,3 +210,15 @@ def test_parallel_builds_are_capped_by_batches_and_memory():
     with open("/proc/meminfo") as fh:
         avail = int(dict(ln.split(":", 1) for ln in fh)["MemAvailable"].split()[0]) / 1024**2
     assert build_workers(1000, 1000) == max(1, int(avail // GB_PER_BUILD))
+
+
+def test_a_kernel_launched_by_several_ops_belongs_to_the_one_named_like_its_file():
+    from wrappers.mined import _home
+
+    kernel = "mmcv/ops/csrc/common/cuda/nms_cuda_kernel.cuh"
+    ranked = sorted(
+        ["mmcv/ops/csrc/pytorch/cuda/iou3d_cuda.cu", "mmcv/ops/csrc/pytorch/cuda/nms_cuda.cu"],
+        key=lambda f: -_home(kernel, f),
+    )
+    assert ranked[0].endswith("/nms_cuda.cu")
+    assert _home("a/roi_align_cuda_kernel.cuh", "b/roi_align_rotated_cuda.cu") == len("roi_align_")

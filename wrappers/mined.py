@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from miner.closure import Closure, compute_closure
 from miner.discover import Discovery, FoundKernel
@@ -102,10 +103,24 @@ def _is_enum(model, item: Item) -> bool:
     return bool(head) and (head[0] == "enum" or head[:2] == ["typedef", "enum"])
 
 
+def _home(kernel_file: str, site_file: str) -> int:
+    """How much of the kernel file's name the launching file's name starts with: a kernel
+    that several ops launch belongs to the op named like its file (nms_cuda_kernel.cuh is
+    nms_cuda.cu's, though iou3d_cuda.cu launches it too), whose CPU twin is its reference."""
+    a, b = Path(kernel_file).stem, Path(site_file).stem
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def launcher_candidates(fk: FoundKernel, disc: Discovery, index: LauncherIndex) -> list[Item]:
     sites = sorted(
         disc.launches.get(id(fk.kdef), []),
-        key=lambda s: (SITE_PREFERENCE.get(s.kind, 9), not s.file.endswith(TU_SUFFIXES)),
+        key=lambda s: (
+            SITE_PREFERENCE.get(s.kind, 9),
+            not s.file.endswith(TU_SUFFIXES),
+            -_home(fk.file, s.file),
+        ),
     )
     found: list[Item] = []
     for site in sites:
