@@ -138,7 +138,8 @@ def prebuild(
     sources: list[Path], store: Path, jobs: int, timeout: float, compile_fn=compile_batch
 ) -> dict[str, str]:
     """Batch-build the sources that have no record yet; write a record per built one into
-    `store`. Returns {digest: "prebuilt" | "alone" (its test builds it)} for the sources asked."""
+    `store`. Returns {digest: "built" (now) | "cached" (by an earlier run) | "alone" (its test
+    builds it)} for the sources asked."""
     store.mkdir(parents=True, exist_ok=True)
     state: dict[str, str] = {}
     groups: dict[str, dict[str, bytes]] = {}
@@ -148,7 +149,7 @@ def prebuild(
         if key in state:
             continue
         if (store / f"{key}.json").is_file():
-            state[key] = "prebuilt"
+            state[key] = "cached"
         elif not batchable(text) or path.suffix not in (".cu", ".cpp"):
             state[key] = "alone"
         else:
@@ -172,7 +173,7 @@ def prebuild(
                     state[key] = "alone"
                     continue
                 (store / f"{key}.json").write_text(json.dumps(rec))
-                state[key] = "prebuilt"
+                state[key] = "built"
     return state
 
 

@@ -217,6 +217,7 @@ class Runner:
         self.devices = devices
         self.env_key = f"{sys.version}|{_torch_version()}"
         self.prebuilt: Path | None = None  # where prebuild() left its records, when it ran
+        self.prebuilt_state: dict[str, str] = {}  # source digest -> built | cached | alone
         self._dir_locks: dict[Path, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -233,8 +234,9 @@ class Runner:
         marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
         cached = None if self.args.rebuild else _read_json(marker)
         batched = [prebuild.record(self.prebuilt, p) for p in (impl, ref)] if self.prebuilt else []
-        if batched and all(batched):  # both built in batches: the run phase imports them
-            built = Check("pass", "build", batched[0].get("seconds", 0.0), cached=False)
+        if batched and all(batched) and _takes_prebuilt(test):  # the run phase imports them
+            was = self.prebuilt_state.get(prebuild.digest(impl.read_bytes()))
+            built = Check("pass", "build", batched[0].get("seconds", 0.0), cached=was == "cached")
         elif cached and cached.get("outcome") in CACHED:
             built = Check(cached["outcome"], "build", cached=True, detail=cached.get("detail", ""))
             built.log = cached.get("log", "")
@@ -276,7 +278,7 @@ class Runner:
             shutil.rmtree(store)
         paths = []
         for e in entries:  # alternates (a kind's later variants) build alone when needed
-            if e.get("reference"):
+            if e.get("reference") and _takes_prebuilt(self.bundle / e["test"]):
                 firsts = [group[0]["path"] for _, group in _by_kind(e.get("variants") or [])]
                 paths += [e["label"], e["reference"], *firsts]
         files = [self.bundle / p for p in paths if (self.bundle / p).is_file()]
@@ -285,7 +287,8 @@ class Runner:
         start = time.monotonic()
         state = prebuild.prebuild(files, store, self.args.jobs, self.args.build_timeout)
         self.prebuilt = store
-        done = sum(v == "prebuilt" for v in state.values())
+        self.prebuilt_state = state
+        done = sum(v in ("built", "cached") for v in state.values())
         print(
             f"prebuilt {done} of {len(state)} sources in {time.monotonic() - start:.0f}s "
             f"(the rest build in their tests)",
@@ -354,6 +357,15 @@ class Runner:
                 detail=f"{len(valid)} valid cases over {shapes} shapes (needs {need})",
             )
         return res
+
+
+def _takes_prebuilt(test: Path) -> bool:
+    """A test that reads KMINER_PREBUILT (every generated one); another builds for itself, in
+    its build phase."""
+    try:
+        return b"KMINER_PREBUILT" in test.read_bytes()
+    except OSError:
+        return False
 
 
 def _by_kind(variants: list[dict]) -> list[tuple[str, list[dict]]]:
