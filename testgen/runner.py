@@ -225,34 +225,35 @@ class Runner:
         with self._locks_lock:
             return self._dir_locks.setdefault(path, threading.Lock())
 
+    def _build(self, test: Path, impl: Path, ref: Path, build_dir: Path, env: dict) -> Check:
+        """The build phase: batched by prebuild, cached by an earlier run, or run now."""
+        marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
+        cached = None if self.args.rebuild else _read_json(marker)
+        batched = [prebuild.record(self.prebuilt, p) for p in (impl, ref)] if self.prebuilt else []
+        if batched and all(batched) and _takes_prebuilt(test):  # the run phase imports them
+            was = self.prebuilt_state.get(prebuild.digest(impl.read_bytes()))
+            return Check("pass", "build", batched[0].get("seconds", 0.0), cached=was == "cached")
+        if cached and cached.get("outcome") in CACHED:
+            built = Check(cached["outcome"], "build", cached=True, detail=cached.get("detail", ""))
+            built.log = cached.get("log", "")
+            return built
+        build_env = {**env, "KMINER_PHASE": "build", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+        with self.build_slots:
+            p = run_test(test, build_env, self.args.build_timeout)
+        outcome, why = verdict("build", p, self.args.build_timeout)
+        if outcome in CACHED:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
+        return Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
+
     def check(self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True) -> Check:
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_BUILD_DIR"] = str(build_dir)
         if self.prebuilt is not None:
             env["KMINER_PREBUILT"] = str(self.prebuilt)
-        marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
-        cached = None if self.args.rebuild else _read_json(marker)
-        batched = [prebuild.record(self.prebuilt, p) for p in (impl, ref)] if self.prebuilt else []
-        if batched and all(batched) and _takes_prebuilt(test):  # the run phase imports them
-            was = self.prebuilt_state.get(prebuild.digest(impl.read_bytes()))
-            built = Check("pass", "build", batched[0].get("seconds", 0.0), cached=was == "cached")
-        elif cached and cached.get("outcome") in CACHED:
-            built = Check(cached["outcome"], "build", cached=True, detail=cached.get("detail", ""))
-            built.log = cached.get("log", "")
-        else:
-            build_env = {
-                **env,
-                "KMINER_PHASE": "build",
-                "MAX_JOBS": os.environ.get("MAX_JOBS", "2"),
-            }
-            with self.build_slots:
-                p = run_test(test, build_env, self.args.build_timeout)
-            outcome, why = verdict("build", p, self.args.build_timeout)
-            built = Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
-            if outcome in CACHED:
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
+        with self._dir_lock(build_dir):  # torch's build lock assumes one module per folder
+            built = self._build(test, impl, ref, build_dir, env)
         if built.outcome != "pass":
             return built
         dev = self.gpus.get()
@@ -316,31 +317,30 @@ class Runner:
             res.update(outcome="build_error", phase="build", detail=f"missing: {missing[0]}")
             return res
         build_dir = self.bundle / ".build" / _digest(ref, extra=self.env_key)
-        with self._dir_lock(build_dir):  # torch's build lock assumes one module per folder
-            label = self.check(test, impl, ref, build_dir)
-            res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
-            res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
-            res.update(log_tail=label.log[-LOG_TAIL:])
-            if label.phase == "run":
-                cases = label.report.get("cases")
-                res["cases"] = cases if isinstance(cases, list) else []
-                res["kernel_time_us"] = label.report.get("kernel_time_us")
-            res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
-            if label.outcome != "pass":
-                return res
-            tried, killed = set(), set()  # kinds with a valid variant run / with one killed
-            for kind, group in _by_kind(entry.get("variants") or []):
-                for v in group:
-                    out, detail = self._variant(test, self.bundle / v["path"], ref, build_dir)
-                    res["variants"].append(
-                        {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
-                    )
-                    if out == INVALID:
-                        continue  # does not build: the next of its kind stands in
-                    tried.add(kind)
-                    if out != "pass":
-                        killed.add(kind)
-                        break
+        label = self.check(test, impl, ref, build_dir)
+        res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
+        res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
+        res.update(log_tail=label.log[-LOG_TAIL:])
+        if label.phase == "run":
+            cases = label.report.get("cases")
+            res["cases"] = cases if isinstance(cases, list) else []
+            res["kernel_time_us"] = label.report.get("kernel_time_us")
+        res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
+        if label.outcome != "pass":
+            return res
+        tried, killed = set(), set()  # kinds with a valid variant run / with one killed
+        for kind, group in _by_kind(entry.get("variants") or []):
+            for v in group:
+                out, detail = self._variant(test, self.bundle / v["path"], ref, build_dir)
+                res["variants"].append(
+                    {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
+                )
+                if out == INVALID:
+                    continue  # does not build: the next of its kind stands in
+                tried.add(kind)
+                if out != "pass":
+                    killed.add(kind)
+                    break
         if tried:
             res["kill_rate"] = round(len(killed) / len(tried), 4)
         if tried - killed:

@@ -289,7 +289,9 @@ def test_resume_skips_what_is_done(batch):
 
 
 def test_interrupted_run_keeps_what_it_did(tmp_path):
-    entries = [{"id": "quick", "label": fake("pass")}, {"id": "stuck", "label": fake("hang")}]
+    """The stuck test comes first and shares the quick one's build folder: only builds hold
+    that folder, so the quick one still runs and is recorded while the stuck one hangs."""
+    entries = [{"id": "stuck", "label": fake("hang")}, {"id": "quick", "label": fake("pass")}]
     bundle = make_bundle(tmp_path / "b", FAKE / "fake_check.py", FAKE / "ref.cpp", entries)
     log = bundle / "fake.log"
     argv = [sys.executable, str(bundle / "run.py"), "--out", "results.json", "--gpu-jobs", "2"]
