@@ -72,6 +72,8 @@ def _write_variants(
     paths, kinds = [], []
     folder = workdir / "variants"
     folder.mkdir(exist_ok=True)
+    for old in folder.glob(f"{cand.id}.*"):  # a previous test's variants
+        old.unlink()
     for v in derive_variants(label_text, cand.kernel.name, dead):
         if picked.get(v.kind, 0) >= VARIANTS_PER_KIND:
             continue

@@ -302,6 +302,7 @@ class _Kernel:
                     for part in split_top(self.text[sp.start + 1 : sp.end - 1], angle=False):
                         pos = self.text.index(part, pos)
                         spans.append((pos, pos + len(part)))
+                        pos += len(part)  # `(index, n)`: n is not the n in index
                     bounds = [i for i in self.macros.get(macro, [1]) if i < len(spans)]
                     for rank, (a, b) in enumerate(spans[i] for i in bounds):
                         arg = self.text[a:b]

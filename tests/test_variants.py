@@ -264,3 +264,16 @@ def test_fixture_variants_compile(name, tmp_path):
         cmd = [NVCC, "-x", "cu", "-std=c++17", "-cuda", str(src), "-o", str(tmp_path / "v.ii")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"variant {i} of {name}:\n{text[:400]}\n{proc.stderr}"
+
+
+def test_loop_macro_bound_is_the_argument_not_a_letter_of_the_index():
+    """mmcv's deform col2im: `CUDA_1D_KERNEL_LOOP(index, n)`: the `n` of `index` is no bound."""
+    text = _inline(
+        "k",
+        "#define CUDA_1D_KERNEL_LOOP(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x;"
+        " i < (n); i += blockDim.x * gridDim.x)\n"
+        "__global__ void k(const int n, const float* x, float* y) {\n"
+        "  CUDA_1D_KERNEL_LOOP(index, n) { y[index] = x[index] * 2.0f; }\n}\n",
+    )
+    (off, *_) = [v for v in derive_variants(text, "k") if v.kind == VariantKind.OFF_BY_ONE]
+    assert "CUDA_1D_KERNEL_LOOP(index, (n) - 1) {" in off.text
