@@ -15,12 +15,20 @@ The pieces and the contract between them (every module relies on it):
     KMINER_BUILD_DIR  where torch extensions are built and cached (default: a temp dir)
     KMINER_REPORT     a JSON file the test writes its report to (optional)
     KMINER_PHASE      `build` (only build + import both modules) or `run` (default: both)
+    KMINER_PREBUILT   a folder of `<sha256(source)[:16]>.json` records of modules the runner
+                      built many to one extension (testgen/prebuild.py); a test imports the
+                      module of exactly the bytes it would build, else builds it itself
+    KMINER_GPU_LOCK   a lock file when the runner shares a GPU between tests: cases hold it
+                      shared, the kernel timing alone
+    KMINER_TIMING     `0`: no kernel timing (a wrong variant's run)
   The report: {"phase", "outcome": pass|mismatch|build_error|import_error,
   "cases": [{"id", "shape", "dtype", "max_abs", "max_rel", "ok"}], "kernel_time_us", "gpu",
   "torch", "cuda", "error"}. A crash or a hang leaves the report without an outcome; the runner
   tells them apart by the exit signal and its timeout.
-- `variants`: wrong versions of a label (output never written, off-by-one, operator swapped)
-  that the test must fail; a test that passes one is `weak_test`.
+- `variants`: wrong versions of a label (output never written, off-by-one, operator swapped),
+  best first within each kind; the test must fail one of each kind it can build. A variant it
+  passes may be equivalent to the label, so the next of its kind stands in; a kind it never
+  fails makes the outcome `weak_test`, as do fewer valid cases or shapes than the manifest asks.
 - `runner` / `bundle`: one subprocess per candidate and per variant, build and run timed out
   separately, outcomes collected into results.json; a bundle carries it all to a GPU box.
 """
