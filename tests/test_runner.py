@@ -108,7 +108,7 @@ BATCH = [
     ),
     {"id": "asserts", "label": fake("asserts")},
     {"id": "noref", "label": fake("pass"), "reference": False},
-    {"id": "short", "label": fake("pass"), "min_cases": 3, "min_shapes": 2},
+    {"id": "short", "label": fake("pass"), "min_cases": 6, "min_shapes": 2},
     {
         "id": "alternate",  # an op_swap the test passes (maybe equivalent), then one it kills
         "label": fake("pass"),
@@ -138,6 +138,16 @@ FAKE_CASES = [
         "max_rel": 0.0,
         "ok": True,
     },
+] + [
+    {
+        "id": f"case_{i}",
+        "shape": [[n]],
+        "dtype": "float64",
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "ok": True,
+    }
+    for i, n in ((2, 7), (3, 1024), (4, 7))
 ]
 
 
@@ -214,7 +224,7 @@ def test_entry_fields(batch):
         ("no_write", "mismatch"),
     ]
     assert alt["kill_rate"] == 1.0 and alt["detail"] == ""
-    assert entries["short"]["detail"] == "2 valid cases over 2 shapes (needs 3 over 2)"
+    assert entries["short"]["detail"] == "5 valid cases over 3 shapes (needs 6 over 2)"
     mismatch = entries["mismatch"]
     assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
@@ -472,9 +482,6 @@ def test_write_bundle_run_and_ingest(tmp_path):
     }
     assert manifest[2]["reference"] is None
     assert "python run.py" in (box / "README.txt").read_text()
-    for e in manifest:  # the fake test has 2 cases over 2 shapes
-        e.update(min_cases=2, min_shapes=2)
-    (box / "manifest.json").write_text(json.dumps(manifest))
 
     proc = run_py(box, "--out", str(tmp_path / "results.json"), "--jobs", "2")
     assert proc.returncode == 0, proc.stderr
@@ -490,8 +497,8 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "torch": "0.0.0+fake",
         "cuda": "12.9",
         "cases": FAKE_CASES,
-        "valid_cases": 2,
-        "valid_shapes": 2,
+        "valid_cases": 5,
+        "valid_shapes": 3,
         "variants": [
             {
                 "kind": "off_by_one",
