@@ -159,7 +159,7 @@ def prebuild(
         items = sorted(members.items())
         per = max(1, min(MAX_PER_BATCH, -(-len(items) // max(1, jobs))))
         work += [(items[i : i + per], suffix) for i in range(0, len(items), per)]
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with cf.ThreadPoolExecutor(max_workers=max(1, min(jobs, _memory_slots()))) as pool:
         futures = [
             pool.submit(build_group, [(f"d{k}", t) for k, t in batch], suffix, store, timeout,
                         compile_fn)
@@ -175,6 +175,15 @@ def prebuild(
                 (store / f"{key}.json").write_text(json.dumps(rec))
                 state[key] = "built"
     return state
+
+
+def _memory_slots(gb_per_batch: float = 5.0) -> int:
+    """Batch builds the memory allows at once (nvcc with torch headers and 12 bodies: ~5 GB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 10
+    return max(1, int(total // gb_per_batch))
 
 
 def record(store: Path, path: Path) -> dict | None:
