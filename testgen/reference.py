@@ -2,7 +2,8 @@
 
 Tests compare the label with the CPU code the repository ships for the same op, found in this
 order: a registry (mmcv: `REGISTER_DEVICE_IMPL(key, CPU, fn)` beside the CUDA registration of
-the label's chain), a direct call (an op function that calls the launcher on GPU and `*_cpu`
+the label's chain, or of a sibling key the op function calls instead with the same arguments),
+a direct call (an op function that calls the launcher on GPU and `*_cpu`
 otherwise, as mmcv's nms_rotated does), a `_cuda`→`_cpu` style twin (pytorch_scatter). Only a
 *definition* counts: a CPU function that is only declared is a reason, not a reference.
 
@@ -59,7 +60,7 @@ def cpu_env() -> MacroEnv:
 
 @dataclass
 class Located:
-    mechanism: str  # registry | direct | twin
+    mechanism: str  # registry | sibling | direct | twin
     cpu: Item  # the CPU function's definition
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
@@ -101,6 +102,24 @@ class RepoRefs:
         item = self.definition(name) or next(iter(self.decls.get(name, [])), None)
         sig = self.signature(item) if item else None
         return [n for _, n in sig.params] if sig else None
+
+    def siblings(self, key: str) -> list[str]:
+        """Other registry keys with a CPU function that an op function calls in place of `key`
+        with the same arguments (mmcv's hard_voxelize_forward calls the nondeterministic key or
+        the deterministic one, which alone has a CPU implementation): the same op, computed the
+        way the CPU does it."""
+        item = self.definition(key)
+        params = self.params_of(key)
+        out = []
+        for caller in self.index.callers.get(key, []) if item and params else []:
+            body = self.body(caller)
+            mine = call_args(body, key)
+            for other, device in self.registry:
+                if device != "CPU" or other == key or other not in caller.refs:
+                    continue
+                if self.params_of(other) == params and call_args(body, other) == mine:
+                    out.append(other)
+        return out
 
     def upward(self, start: Item) -> list[list[Item]]:
         """Call paths from `start` to each function above it (breadth first, DEPTH levels)."""
@@ -166,9 +185,15 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
     for path in paths:  # 1. the registry: <key> has a CUDA function on the chain and a CPU one
         name = path[-1].names[0]
         for (key, device), fn in refs.registry.items():
-            if device == "CUDA" and fn == name and (key, "CPU") in refs.registry:
-                cpu = refs.registry[(key, "CPU")]
-                found = attempt("registry", cpu, path, refs.params_of(name))
+            if device != "CUDA" or fn != name:
+                continue
+            if (key, "CPU") in refs.registry:
+                found = attempt("registry", refs.registry[(key, "CPU")], path, refs.params_of(name))
+                if found:
+                    return found
+            for sibling in refs.siblings(key):  # the same op's other key, with a CPU function
+                cpu = refs.registry[(sibling, "CPU")]
+                found = attempt("sibling", cpu, path, refs.params_of(name))
                 if found:
                     return found
     for path in paths[1:]:  # 2. an op function calling a CPU function itself

@@ -13,12 +13,13 @@ import hashlib
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
 from testgen.cases import base_calls, binding_variants, label_dtypes, plan
 from testgen.inputs import RECORDER, record_repo_calls
 from testgen.reach import dead_spans, kernel_scalars
-from testgen.testcode import render_test, template_version
+from testgen.testcode import order_free_reason, render_test, template_version
 from testgen.variants import VariantKind, derive_variants
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,18 @@ MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is 
 
 def _version() -> str:
     h = hashlib.sha256(template_version().encode())
-    for mod in ("cases", "interp", "reference", "argmap", "variants", "testcode", "stage", "reach"):
+    for mod in (
+        "cases",
+        "interp",
+        "reference",
+        "argmap",
+        "variants",
+        "testcode",
+        "stage",
+        "reach",
+        "llm_reference",
+        "refcheck",
+    ):
         h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
     h.update(RECORDER.read_bytes())
     return h.hexdigest()[:16]
@@ -85,33 +97,60 @@ def _write_variants(
     return paths, kinds
 
 
-def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str) -> None:
-    """Set the candidate's reference, tests and testgen stage (never raises for bad input)."""
+def _llm_reference(cand, refs, base, label_text: str, function: str, llm, workdir: Path):
+    """The model's reference (testgen/llm_reference.py), or why there is none."""
+    from testgen.llm_reference import write_llm_reference
+
+    item = refs.definition(function)
+    sig = refs.signature(item) if item else None
+    if sig is None or not all(n for _, n in sig.params):
+        return f"llm: {function} has no signature to write a reference for"
+    return write_llm_reference(
+        cand,
+        label_text,
+        list(sig.params),
+        [b.args for b in base],
+        client=llm.client,
+        store=llm.store,
+        workdir=workdir,
+        repo_root=Path(refs.disc.root),
+        max_attempts=llm.max_attempts,
+    )
+
+
+def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str, llm=None) -> None:
+    """Set the candidate's reference, tests and testgen stage (never raises for bad input).
+    `llm` (client, store, max_attempts) writes a reference where the repository has none."""
     from testgen.reference import find_reference
 
     start = time.perf_counter()
     cand.clear_stage(Stage.VERIFY)  # whatever comes out, the last verdict was on other tests
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
-    if isinstance(found, str):
-        cand.reference = Reference()
-        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="")
-        return
-    cand.reference = found
-    reference_text = (workdir / found.path).read_text("latin-1")
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
     calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
     base, why = base_calls(cand, calls, refs)
+    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
+    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    tried = llm is not None and isinstance(found, str) and bool(base)
+    if tried:
+        written = _llm_reference(cand, refs, base, label_text, function, llm, workdir)
+        found = written if not isinstance(written, str) else f"{found}; {written}"
+    if isinstance(found, str):
+        cand.reference = Reference()
+        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=tried)
+        return
+    cand.reference = found
+    reference_text = (workdir / found.path).read_text("latin-1")
     if not base:
         detail = why[0] if why else f"the repository's tests never call {python_fn or 'its op'}"
         _skip(cand, Reason.NO_CASES, detail, key, reference_kind=found.kind)
         return
-    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
-    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     params = refs.params_of(function)
     derived = binding_variants(base, cand, refs)
     case_plan = plan(base, label_dtypes(label_text), params, derived)
-    text = render_test(cand, function, case_plan, reference_text)
+    order_free = order_free_reason(label_text)
+    text = render_test(cand, function, case_plan, reference_text, order_free)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")
@@ -151,6 +190,7 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str)
                 "reference_kind": found.kind,
                 "cases_source": "mined",
                 "variants": len(variants),
+                "order_free": order_free,
             },
         ),
     )
@@ -168,6 +208,8 @@ def run_testgen(ctx, cands: list[Candidate]) -> None:
         key = hashlib.sha256(f"{version}|{cand.wrapper.label_hash}".encode()).hexdigest()[:16]
         done = cand.stage(Stage.TESTGEN)
         fresh = done is not None and done.key == key and not ctx.cfg.redo
+        if fresh and ctx.llm is not None and done.reason == Reason.NO_REFERENCE:
+            fresh = bool(done.metrics.get("llm_tried"))  # a model may write what the repo lacks
         if fresh and (done.status != Status.OK or (ctx.workdir / cand.tests.path).is_file()):
             continue
         todo.append((cand, key))
@@ -181,9 +223,12 @@ def run_testgen(ctx, cands: list[Candidate]) -> None:
     wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
     with ctx.timed("record"):
         recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
+    llm = None
+    if ctx.llm is not None:
+        llm = SimpleNamespace(client=ctx.llm, store=ctx.store, max_attempts=ctx.cfg.max_attempts)
     for cand, key in todo:
         try:
-            generate_for(cand, refs, recorded, ctx.workdir, key)
+            generate_for(cand, refs, recorded, ctx.workdir, key, llm)
         except Exception as exc:  # one broken candidate never stops the stage
             log.exception("testgen failed for %s", cand.id)
             cand.set_stage(

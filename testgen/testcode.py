@@ -13,6 +13,7 @@ import base64
 import io
 import re
 import zlib
+from pathlib import Path
 from pprint import pformat
 
 from miner.candidate import Candidate
@@ -28,6 +29,19 @@ TOLERANCES = {  # rtol, atol by the label's output dtype
 }
 LARGE = 1000.0
 _CHUNK = 96
+# an atomic counter's old value kept (a slot, a position): outputs come in the atomics' order
+_SLOT = re.compile(r"(?<![=!<>])=\s*atomic(?:Add|Inc|Sub)\s*\(")
+
+
+def order_free_reason(label_text: str) -> str:
+    """Why the label's outputs have no fixed order (empty when they do): a kernel that takes
+    slots from an atomic counter writes its results in whatever order the threads arrive, so
+    a test compares each output as a multiset (its sorted values) against the reference."""
+    m = _SLOT.search(label_text)
+    if not m:
+        return ""
+    line = label_text[: m.start()].rsplit("\n", 1)[-1] + label_text[m.start() :].split("\n", 1)[0]
+    return f"slots taken from an atomic counter (`{' '.join(line.split())[:80]}`)"
 
 
 def template_version() -> str:
@@ -65,7 +79,16 @@ def _describe(case: dict, plan: CasePlan) -> str:
     return what
 
 
-def render_test(cand: Candidate, function: str, plan: CasePlan, reference_text: str) -> str:
+def _origin(cand: Candidate) -> str:
+    ref = cand.reference
+    if ref.kind == "python":
+        return f"adapted by a model from the repository's `{ref.function}` ({ref.file})"
+    return "written by a model from the kernel and its host function"
+
+
+def render_test(
+    cand: Candidate, function: str, plan: CasePlan, reference_text: str, order_free: str = ""
+) -> str:
     import torch
 
     buf = io.BytesIO()
@@ -83,6 +106,8 @@ def render_test(cand: Candidate, function: str, plan: CasePlan, reference_text: 
             line_start=k.start_line,
             line_end=k.end_line,
             reference_function=cand.reference.function,
+            reference_suffix=Path(cand.reference.path).suffix or ".cpp",
+            reference_origin=_origin(cand),
             reference_file=cand.reference.file,
             function=function,
             cases=cases,
@@ -100,7 +125,9 @@ def render_test(cand: Candidate, function: str, plan: CasePlan, reference_text: 
                 sort_dicts=False,
             ),
             inputs_b64=_chunks(buf.getvalue()),
+            # the reference file's bytes, whatever their encoding (read as latin-1, written back)
             reference_b64=_chunks(reference_text.encode("latin-1", errors="replace")),
             test_name=re.sub(r"\W", "_", k.name),
+            order_free=order_free,
         )
     )

@@ -124,6 +124,19 @@ def test_twin_with_the_same_signature_is_bound_as_is(refrepo, tmp_path):
     assert "gather_rows_kernel" not in body and "CHECK_CUDA" not in body
 
 
+def test_sibling_key_with_a_cpu_function(refrepo, tmp_path):
+    """compact_forward calls nondeterministic_compact_forward_impl (CUDA only) or, with the same
+    arguments, compact_forward_impl, whose CPU function is the reference (mmcv's voxelization)."""
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    loc = locate(cand, refrepo[3])
+    assert (loc.mechanism, loc.cpu.names[0]) == ("sibling", "compact_forward_cpu")
+    assert refrepo[3].siblings("nondeterministic_compact_forward_impl") == ["compact_forward_impl"]
+    assert refrepo[3].siblings("affine_forward_impl") == []
+    ref, text = reference(refrepo, "compact_any_order_cuda_kernel", tmp_path)
+    assert ref.function == "compact_forward_cpu"
+    assert "int compact_forward_cpu(" in text and "atomicAdd" not in text
+
+
 def test_declared_but_undefined_cpu_function_is_a_reason(refrepo, tmp_path):
     cand = candidate(refrepo, "norm_kernel")
     reason = find_reference(cand, REFREPO, tmp_path, refrepo[3])

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -445,3 +446,88 @@ def test_base_calls_spread_over_modes_before_shapes():
     p = plan(kept, ["float32"])
     large = {kept[c["base"]].args[3] for c in p.cases if c["edge"] == "large"}
     assert large == {"sum", "min", "max"}
+
+
+def test_atomic_slots_make_outputs_order_free():
+    from testgen.testcode import order_free_reason
+
+    assert "atomicAdd(count, 1)" in order_free_reason("    int slot = atomicAdd(count, 1);\n")
+    assert order_free_reason("coors_order[i] = atomicAdd(coors_count, 1);")
+    assert order_free_reason("atomicAdd(out + i, v);\n") == ""  # a sum: its order is no output
+    assert order_free_reason("if (atomicAdd(&n, 0) == 3) ok = 1;") == ""
+    assert order_free_reason("old = atomicCAS(addr, assumed, v);") == ""  # an atomic max loop
+
+
+def compact_recorded() -> dict:
+    calls = []
+    for n in (6, 200, 1000):
+        x = torch.linspace(-3, 3, n)
+        calls.append(RecordedCall("compact_forward", [x, torch.zeros(n), False], {}, "t.py"))
+    return {"compact_forward": calls}
+
+
+CPU_COMPACT = """#include <torch/extension.h>
+int NondeterministicCompactCUDAKernelLauncher(const at::Tensor input, at::Tensor output) {
+  int kept = 0;
+  const int n = input.numel();
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "compact", [&] {
+    auto* in = input.data_ptr<scalar_t>();
+    auto* out = output.data_ptr<scalar_t>();
+    for (int i = n - 1; i >= %s; --i)  // from the end: another order than the reference's
+      if (in[i] > 0) out[kept++] = in[i];
+  });
+  return kept;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("NondeterministicCompactCUDAKernelLauncher", &NondeterministicCompactCUDAKernelLauncher);
+}
+"""
+
+
+def _run_generated(tmp_path, cand, impl: Path) -> tuple[int, dict]:
+    report = tmp_path / f"{impl.stem}.json"
+    env = {
+        **os.environ,
+        "KMINER_IMPL": str(impl),
+        "KMINER_REFERENCE": str(tmp_path / cand.reference.path),
+        "KMINER_BUILD_DIR": str(tmp_path / "build"),
+        "KMINER_REPORT": str(report),
+    }
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*cmd, str(tmp_path / cand.tests.path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return proc.returncode, json.loads(report.read_text())
+
+
+def test_nondeterministic_op_gets_an_order_free_test(refrepo, tmp_path):
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path, "key1")
+    r = cand.stage(Stage.TESTGEN)
+    assert r.status == Status.OK, r.detail
+    assert r.metrics["order_free"].startswith("slots taken from an atomic counter")
+    text = (tmp_path / cand.tests.path).read_text()
+    assert "ORDER_FREE = True" in text and "nondeterministic by nature" in text
+    assert cand.reference.function == "compact_forward_cpu"
+
+
+@pytest.mark.slow
+def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_path):
+    """Run on CPU: an implementation that keeps the values in reverse order passes; one that
+    skips the first input (a lost value, and a count one short) fails."""
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path, "key1")
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text(CPU_COMPACT % "0")
+    bad.write_text(CPU_COMPACT % "1")
+    code, rep = _run_generated(tmp_path, cand, good)
+    assert code == 0 and rep["outcome"] == "pass", rep
+    code, rep = _run_generated(tmp_path, cand, bad)
+    assert code != 0 and rep["outcome"] == "mismatch", rep

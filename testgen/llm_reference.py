@@ -1,0 +1,284 @@
+"""A PyTorch CPU reference written by a model, for a kernel whose repository has no CPU code.
+
+Third in the order of references (after the repository's CPU function and its own PyTorch code):
+the model reads the label (kernel, device helpers, host function) and writes `reference` with
+the host function's parameters, in plain PyTorch. The repository's pure-PyTorch functions that
+look like the same op (`multi_scale_deformable_attn_pytorch`, `_upfirdn2d_ref`...) are shown to
+it; an answer that uses one is kind `python` (the repository's code, adapted), else `llm`.
+
+Nothing is trusted unchecked: the answer must parse, define `reference` with the right
+parameters and import only torch and the standard library, then run in the sandbox on the
+recorded calls and do something (refcheck.py). Every answer is an attempt row; a failed check
+goes back to the model as the next turn, up to `max_attempts` answers. The client caches, so a
+rerun asks nothing. The GPU verdict (and the wrong variants) judge the reference further: a
+reference that disagrees with the kernel makes a test that fails, never one that passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from miner.candidate import Candidate, Reference
+from testgen.sandbox import run_sandboxed
+from wrappers.label import environment, template_hash
+from wrappers.llm.client import LLMClient, LLMUnavailable, Reply
+from wrappers.llm.parse import AnswerError, parse_object
+
+TEMPLATE = "llm_reference.v1.j2"
+CHECKER = Path(__file__).with_name("refcheck.py")
+CHECK_TIMEOUT_S = 120.0
+PARAMS = {"temperature": 0.0, "max_tokens": 4096}
+_REF_NAME = re.compile(r"(?:_ref|_reference|_pytorch|_torch|_naive|_cpu|_python)$")
+_GENERIC = {
+    "cuda",
+    "kernel",
+    "forward",
+    "backward",
+    "cpu",
+    "gpu",
+    "ref",
+    "reference",
+    "pytorch",
+    "torch",
+    "naive",
+    "launcher",
+    "impl",
+    "op",
+    "ops",
+    "python",
+    "func",
+    "the",
+    "fwd",
+    "bwd",
+}
+ALLOWED_IMPORTS = set(sys.stdlib_module_names) | {"torch"}
+MAX_SOURCE = 4000  # characters of a repository function shown to the model
+
+
+@dataclass(frozen=True)
+class PyRef:
+    name: str
+    file: str  # relative to the repository root
+    source: str
+
+
+@functools.cache
+def repo_python_refs(root: str) -> tuple[PyRef, ...]:
+    """The repository's functions named like a reference implementation, outside its tests."""
+    out = []
+    for path in sorted(Path(root).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if ".git" in path.parts or re.search(r"(^|/)tests?/|(^|/)test_", rel):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and _REF_NAME.search(node.name):
+                source = ast.get_source_segment(text, node) or ""
+                if source and len(source) <= MAX_SOURCE:
+                    out.append(PyRef(node.name, rel, source))
+    return tuple(out)
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[_\W\d]+", name.lower()) if len(w) >= 3} - _GENERIC
+
+
+def related_refs(cand: Candidate, refs: tuple[PyRef, ...], limit: int = 2) -> list[PyRef]:
+    """The repository references sharing the most name words with the kernel and its op."""
+    mine = _words(cand.kernel.name) | _words(cand.wrapper.op_map.get("python_name") or "")
+    scored = [(len(mine & _words(r.name)), r) for r in refs]
+    scored = [(s, r) for s, r in scored if s > 0]
+    scored.sort(key=lambda sr: (-sr[0], sr[1].name))
+    return [r for _, r in scored[:limit]]
+
+
+def _describe(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        text = f"tensor of shape {list(value.shape)}, {str(value.dtype).removeprefix('torch.')}"
+        if value.numel() and not value.is_floating_point():
+            text += f", values {int(value.min())}..{int(value.max())}"
+        elif value.numel():
+            text += f", values {float(value.min()):.3g}..{float(value.max()):.3g}"
+        return text
+    return repr(value)[:120]
+
+
+def contract_problem(code: str, params: list[str]) -> str:
+    """The first rule the code breaks that running it would not show ('' when none)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        return f"the code is not valid Python: {exc.msg} (line {exc.lineno})"
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "reference"]
+    if not fns:
+        return "the code defines no top-level function `reference`"
+    got = [a.arg for a in fns[0].args.args]
+    if len(got) != len(params) or fns[0].args.vararg:
+        return f"`reference` must take exactly ({', '.join(params)}), it takes ({', '.join(got)})"
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        bad = [n for n in names if n.split(".")[0] not in ALLOWED_IMPORTS]
+        if bad:
+            return f"the code imports {bad[0]}: only torch and the standard library are allowed"
+    if re.search(r"\.cuda\(|['\"]cuda", code):
+        return "the code uses CUDA: the reference runs on the CPU"
+    return ""
+
+
+def run_check(code: str, calls: list) -> str:
+    """Run the code on the recorded calls in the sandbox: '' when it works, else the problem."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="kminer-refcheck-") as tmp:
+        folder = Path(tmp)
+        (folder / "reference.py").write_text(code, encoding="utf-8")
+        torch.save(calls, folder / "calls.pt")
+        argv = [sys.executable, str(CHECKER), "reference.py", "calls.pt", "out.json"]
+        done = run_sandboxed(argv, CHECK_TIMEOUT_S, cwd=folder)
+        if done.timed_out:
+            return f"running `reference` on the recorded calls took over {CHECK_TIMEOUT_S:.0f}s"
+        out = folder / "out.json"
+        if not out.is_file():
+            tail = "\n".join(done.stderr.strip().splitlines()[-6:])
+            return f"running `reference` crashed (exit {done.returncode}): {tail}"
+        return json.loads(out.read_text())["problem"]
+
+
+def _messages(block: str, **context) -> list[dict]:
+    template = environment().get_template(TEMPLATE)
+    roles = {"system": "system", "user": "user", "fix": "user"}
+    names = ("system", "user") if block == "user" else (block,)
+    text = {n: "".join(template.blocks[n](template.new_context(context))).strip() for n in names}
+    return [{"role": roles[n], "content": text[n]} for n in names]
+
+
+def write_llm_reference(
+    cand: Candidate,
+    label_text: str,
+    params: list[tuple[str, str]],
+    calls: list[list],
+    *,
+    client: LLMClient,
+    store,
+    workdir: Path,
+    repo_root: Path,
+    max_attempts: int = 3,
+) -> Reference | str:
+    """Write `references/<id>.py` from the model's answer and describe it, or say why not."""
+    names = [n for _, n in params]
+    shown = related_refs(cand, repo_python_refs(str(repo_root)))
+    context = dict(
+        kernel=cand.kernel,
+        function=(cand.wrapper.functions or [cand.wrapper.launcher])[0],
+        repo_url=cand.provenance.repo_url,
+        label_code=label_text,
+        params=[{"name": n, "type": t} for t, n in params],
+        example=[{"name": n, "text": _describe(v)} for n, v in zip(names, calls[0], strict=False)],
+        python_refs=shown,
+    )
+    messages = _messages("user", **context)
+    logged = {(a["step"], a["prompt_hash"], a["passed"]) for a in store.attempts(cand.id)}
+    problem = ""
+    for attempt in range(1, max(1, max_attempts) + 1):
+        try:
+            reply = client.complete(
+                messages, template_id=TEMPLATE, template_hash=template_hash(TEMPLATE), params=PARAMS
+            )
+        except LLMUnavailable as exc:
+            return f"llm: {exc}"
+        code, strategy, problem = _judge(reply.text, names, calls)
+        _log(store, cand.id, attempt, messages, reply, code, strategy, problem, logged)
+        if not problem:
+            return _write(cand, code, strategy, params, shown, client.model, workdir)
+        if attempt < max_attempts:
+            fix = _messages(
+                "fix",
+                kernel=cand.kernel,
+                attempt=attempt + 1,
+                max_attempts=max_attempts,
+                problem=problem.splitlines()[0],
+                log="\n".join(problem.splitlines()[1:]),
+            )
+            messages = [*messages, {"role": "assistant", "content": reply.text}, *fix]
+    return f"llm: no usable reference after {max_attempts} answers: {problem.splitlines()[0]}"
+
+
+def _judge(text: str, names: list[str], calls: list) -> tuple[str, str, str]:
+    """(code, strategy, problem): the first failure of parse, contract and run wins."""
+    try:
+        obj = parse_object(text)
+    except AnswerError as exc:
+        return "", "", str(exc)
+    code, strategy = obj.get("code"), obj.get("strategy", "")
+    if not isinstance(code, str) or not code.strip():
+        return "", str(strategy), 'the object needs a non-empty string "code"'
+    problem = contract_problem(code, names) or run_check(code, calls)
+    return code, str(strategy), problem
+
+
+def _write(cand, code, strategy, params, shown, model, workdir: Path) -> Reference:
+    used = [r for r in shown if re.search(rf"\b{re.escape(r.name)}\b", code)]
+    prov = cand.provenance
+    origin = (
+        f"adapted by {model} from the repository's `{used[0].name}` ({used[0].file})"
+        if used
+        else f"written by {model} from the kernel and its host function"
+    )
+    text = (
+        f"# kminer reference {cand.id}: a PyTorch CPU reference for {cand.kernel.name},\n"
+        f"# {origin}.\n# from {prov.repo_url} @ {prov.commit[:12]}  license: {prov.license}\n"
+        f"# The model's account: {' '.join(strategy.split())[:300]}\n\n{code.strip()}\n"
+    )
+    rel = f"references/{cand.id}.py"
+    (workdir / "references").mkdir(parents=True, exist_ok=True)
+    (workdir / rel).write_text(text, encoding="utf-8")
+    return Reference(
+        kind="python" if used else "llm",
+        function=used[0].name if used else "reference",
+        file=used[0].file if used else "",
+        path=rel,
+        hash=hashlib.sha256(text.encode()).hexdigest()[:20],
+        exposed="reference",
+        signature=[t for t, _ in params],
+    )
+
+
+def _log(store, cand_id, attempt, messages, reply: Reply, code, strategy, problem, logged) -> None:
+    prompt_hash = hashlib.sha256(
+        json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    key = ("reference", prompt_hash, not problem)
+    if reply.cached and key in logged:  # a rerun answered from the cache: already in the log
+        return
+    logged.add(key)
+    store.add_attempt(
+        cand_id,
+        attempt=attempt,
+        step="reference",
+        template_id=TEMPLATE,
+        template_hash=template_hash(TEMPLATE),
+        prompt_hash=prompt_hash,
+        answer=reply.text,
+        parsed={"strategy": strategy, "code": code},
+        strategy=strategy,
+        build_log=problem,
+        passed=not problem,
+        tokens_in=reply.tokens_in,
+        tokens_out=reply.tokens_out,
+    )
