@@ -2,6 +2,10 @@
 
 The pieces and the contract between them (every module relies on it):
 
+- `llm_reference` (with an endpoint, where the repository has no CPU function): `references/
+  <id>.py`, a PyTorch `reference` with the same parameters, checked in the sandbox on the
+  recorded calls (`refcheck`); the test loads it instead of building C++ (kind llm, or python
+  when it adapts one of the repository's own PyTorch functions).
 - `reference`: the repository's CPU implementation of the same op, extracted into a standalone
   C++ source (`references/<id>.cpp` in the workdir) that builds with `cpp_extension` next to the
   label and exposes `reference` with the *same Python signature as the label's first exposed
@@ -11,7 +15,7 @@ The pieces and the contract between them (every module relies on it):
 - `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from
   `prompts/test_code.py.j2`. Only python + torch + pytest are needed to run it. Environment:
     KMINER_IMPL       the .cu under test (default: `label.cu` beside the test file)
-    KMINER_REFERENCE  the reference .cpp (default: `reference.cpp` beside the test file)
+    KMINER_REFERENCE  the reference .cpp or .py (default: `reference.cpp`/`.py` beside the test)
     KMINER_BUILD_DIR  where torch extensions are built and cached (default: a temp dir)
     KMINER_REPORT     a JSON file the test writes its report to (optional)
     KMINER_PHASE      `build` (only build + import both modules) or `run` (default: both)

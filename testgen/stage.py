@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
-from testgen.cases import base_calls, binding_variants, label_dtypes, plan
+from testgen.cases import MIN_CASES, MIN_SHAPES, base_calls, binding_variants, label_dtypes, plan
 from testgen.inputs import RECORDER, record_repo_calls
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.testcode import order_free_reason, render_test, template_version
@@ -24,7 +24,6 @@ from testgen.variants import VariantKind, derive_variants
 
 log = logging.getLogger(__name__)
 VARIANTS_PER_KIND = 3  # the best of each kind, then alternates for one that survives or fails
-MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
 
 
 def _version() -> str:
