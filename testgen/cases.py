@@ -444,7 +444,7 @@ def plan(
             if _first_float(base[i].args) is not None:
                 add(f"edge_large_{i}", i, edge="large")
         tiled = channel_tiling(base[largest].args, names)
-        if not tiled and len(shapes) + 2 >= MIN_SHAPES > len(shapes):
+        if not tiled and len(shapes) < MIN_SHAPES:
             tiled = channel_tiling(base[largest].args, names, loose=True)
         if tiled:
             for times in (3, 37):

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from miner.candidate import Candidate, Reference
 from testgen.sandbox import run_sandboxed
-from wrappers.label import environment, template_hash
-from wrappers.llm.client import LLMClient, LLMUnavailable, Reply
+from wrappers.label import template_hash
+from wrappers.llm.client import LLMClient, LLMUnavailable
+from wrappers.llm.flow import record_attempt, render_messages
 from wrappers.llm.parse import AnswerError, parse_object
 
 TEMPLATE = "llm_reference.v1.j2"
@@ -160,14 +161,6 @@ def run_check(code: str, calls: list) -> str:
         return json.loads(out.read_text())["problem"]
 
 
-def _messages(block: str, **context) -> list[dict]:
-    template = environment().get_template(TEMPLATE)
-    roles = {"system": "system", "user": "user", "fix": "user"}
-    names = ("system", "user") if block == "user" else (block,)
-    text = {n: "".join(template.blocks[n](template.new_context(context))).strip() for n in names}
-    return [{"role": roles[n], "content": text[n]} for n in names]
-
-
 def write_llm_reference(
     cand: Candidate,
     label_text: str,
@@ -192,7 +185,7 @@ def write_llm_reference(
         example=[{"name": n, "text": _describe(v)} for n, v in zip(names, calls[0], strict=False)],
         python_refs=shown,
     )
-    messages = _messages("user", **context)
+    messages = render_messages(TEMPLATE, **context)
     logged = {(a["step"], a["prompt_hash"], a["passed"]) for a in store.attempts(cand.id)}
     problem = ""
     for attempt in range(1, max(1, max_attempts) + 1):
@@ -203,11 +196,25 @@ def write_llm_reference(
         except LLMUnavailable as exc:
             return f"llm: {exc}"
         code, strategy, problem = _judge(reply.text, names, calls)
-        _log(store, cand.id, attempt, messages, reply, code, strategy, problem, logged)
+        record_attempt(
+            store,
+            cand.id,
+            logged,
+            "reference",
+            attempt,
+            TEMPLATE,
+            messages,
+            reply,
+            parsed={"strategy": strategy, "code": code},
+            strategy=strategy,
+            build_log=problem,
+            passed=not problem,
+        )
         if not problem:
             return _write(cand, code, strategy, params, shown, client.model, workdir)
         if attempt < max_attempts:
-            fix = _messages(
+            fix = render_messages(
+                TEMPLATE,
                 "fix",
                 kernel=cand.kernel,
                 attempt=attempt + 1,
@@ -232,53 +239,31 @@ def _judge(text: str, names: list[str], calls: list) -> tuple[str, str, str]:
     return code, str(strategy), problem
 
 
+def origin(ref: Reference, by: str = "a model") -> str:
+    """Where a written reference comes from, in words (its file header, the test's docstring)."""
+    if ref.kind == "python":
+        return f"adapted by {by} from the repository's `{ref.function}` ({ref.file})"
+    return f"written by {by} from the kernel and its host function"
+
+
 def _write(cand, code, strategy, params, shown, model, workdir: Path) -> Reference:
-    used = [r for r in shown if re.search(rf"\b{re.escape(r.name)}\b", code)]
-    prov = cand.provenance
-    origin = (
-        f"adapted by {model} from the repository's `{used[0].name}` ({used[0].file})"
-        if used
-        else f"written by {model} from the kernel and its host function"
-    )
-    text = (
-        f"# kminer reference {cand.id}: a PyTorch CPU reference for {cand.kernel.name},\n"
-        f"# {origin}.\n# from {prov.repo_url} @ {prov.commit[:12]}  license: {prov.license}\n"
-        f"# The model's account: {' '.join(strategy.split())[:300]}\n\n{code.strip()}\n"
-    )
-    rel = f"references/{cand.id}.py"
-    (workdir / "references").mkdir(parents=True, exist_ok=True)
-    (workdir / rel).write_text(text, encoding="utf-8")
-    return Reference(
+    used = next((r for r in shown if re.search(rf"\b{re.escape(r.name)}\b", code)), None)
+    ref = Reference(
         kind="python" if used else "llm",
-        function=used[0].name if used else "reference",
-        file=used[0].file if used else "",
-        path=rel,
-        hash=hashlib.sha256(text.encode()).hexdigest()[:20],
+        function=used.name if used else "reference",
+        file=used.file if used else "",
+        path=f"references/{cand.id}.py",
         exposed="reference",
         signature=[t for t, _ in params],
     )
-
-
-def _log(store, cand_id, attempt, messages, reply: Reply, code, strategy, problem, logged) -> None:
-    prompt_hash = hashlib.sha256(
-        json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
-    ).hexdigest()
-    key = ("reference", prompt_hash, not problem)
-    if reply.cached and key in logged:  # a rerun answered from the cache: already in the log
-        return
-    logged.add(key)
-    store.add_attempt(
-        cand_id,
-        attempt=attempt,
-        step="reference",
-        template_id=TEMPLATE,
-        template_hash=template_hash(TEMPLATE),
-        prompt_hash=prompt_hash,
-        answer=reply.text,
-        parsed={"strategy": strategy, "code": code},
-        strategy=strategy,
-        build_log=problem,
-        passed=not problem,
-        tokens_in=reply.tokens_in,
-        tokens_out=reply.tokens_out,
+    prov = cand.provenance
+    text = (
+        f"# kminer reference {cand.id}: a PyTorch CPU reference for {cand.kernel.name},\n"
+        f"# {origin(ref, model)}.\n"
+        f"# from {prov.repo_url} @ {prov.commit[:12]}  license: {prov.license}\n"
+        f"# The model's account: {' '.join(strategy.split())[:300]}\n\n{code.strip()}\n"
     )
+    (workdir / "references").mkdir(parents=True, exist_ok=True)
+    (workdir / ref.path).write_text(text, encoding="utf-8")
+    ref.hash = hashlib.sha256(text.encode()).hexdigest()[:20]
+    return ref

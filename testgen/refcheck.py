@@ -24,6 +24,11 @@ def _tensors(x):
     return []
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN was (a tensor holding NaN never equals itself)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
 def check(code: str, calls: list) -> str:
     """'' when the reference runs on every call and does something; else the problem."""
     namespace = {"__name__": "kminer_reference"}
@@ -43,14 +48,7 @@ def check(code: str, calls: list) -> str:
         except Exception:
             return f"call {k} raised: " + traceback.format_exc(limit=-3)
         wrote = any(
-            not (
-                a.equal(b)
-                or (
-                    a.is_floating_point()
-                    and torch.equal(a.isnan(), b.isnan())
-                    and a.nan_to_num().equal(b.nan_to_num())
-                )
-            )
+            not _same(a, b)
             for a, b in zip(mine, args, strict=False)
             if isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
         )

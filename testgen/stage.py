@@ -125,6 +125,10 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     start = time.perf_counter()
     cand.clear_stage(Stage.VERIFY)  # whatever comes out, the last verdict was on other tests
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
+    if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
+        cand.reference = Reference()
+        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=False)
+        return
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
     calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]

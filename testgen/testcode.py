@@ -18,6 +18,7 @@ from pprint import pformat
 
 from miner.candidate import Candidate
 from testgen.cases import CasePlan
+from testgen.llm_reference import origin
 from wrappers.label import environment, template_hash
 
 TEMPLATE = "test_code.py.j2"
@@ -79,13 +80,6 @@ def _describe(case: dict, plan: CasePlan) -> str:
     return what
 
 
-def _origin(cand: Candidate) -> str:
-    ref = cand.reference
-    if ref.kind == "python":
-        return f"adapted by a model from the repository's `{ref.function}` ({ref.file})"
-    return "written by a model from the kernel and its host function"
-
-
 def render_test(
     cand: Candidate, function: str, plan: CasePlan, reference_text: str, order_free: str = ""
 ) -> str:
@@ -107,7 +101,7 @@ def render_test(
             line_end=k.end_line,
             reference_function=cand.reference.function,
             reference_suffix=Path(cand.reference.path).suffix or ".cpp",
-            reference_origin=_origin(cand),
+            reference_origin=origin(cand.reference),
             reference_file=cand.reference.file,
             function=function,
             cases=cases,

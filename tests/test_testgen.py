@@ -247,26 +247,7 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
     good.write_text(CPU_AFFINE % "")
     bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
-    outcomes = {}
-    for impl in (good, bad):
-        report = tmp_path / f"{impl.stem}.json"
-        env = {
-            **os.environ,
-            "KMINER_IMPL": str(impl),
-            "KMINER_REFERENCE": str(tmp_path / cand.reference.path),
-            "KMINER_BUILD_DIR": str(tmp_path / "build"),
-            "KMINER_REPORT": str(report),
-        }
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        proc = subprocess.run(
-            [*cmd, str(tmp_path / cand.tests.path)],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        outcomes[impl.stem] = (proc.returncode, json.loads(report.read_text()))
+    outcomes = {impl.stem: _run_generated(tmp_path, cand, impl) for impl in (good, bad)}
     code, rep = outcomes["good"]
     assert code == 0 and rep["outcome"] == "pass", rep
     assert len(rep["cases"]) == cand.tests.num_cases

@@ -75,16 +75,52 @@ def flow_hash() -> str:
     return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
-def render_messages(name: str, **context) -> list[dict]:
-    """The chat messages of a prompt template: its `system` and `user` blocks, in that order."""
+def render_messages(name: str, *blocks: str, **context) -> list[dict]:
+    """The chat messages of a prompt template: its `system` and `user` blocks, in that order,
+    or the `blocks` named (a block other than `system` is a user turn)."""
     template = environment().get_template(name)
     messages = []
-    for role in ("system", "user"):
-        block = template.blocks.get(role)
+    for block_name in blocks or ("system", "user"):
+        block = template.blocks.get(block_name)
         if block is not None:
             text = "".join(block(template.new_context(context))).strip()
+            role = "system" if block_name == "system" else "user"
             messages.append({"role": role, "content": text})
     return messages
+
+
+def record_attempt(
+    store: Store,
+    cand_id: str,
+    logged: set,
+    step: str,
+    attempt: int,
+    template: str,
+    messages: list[dict],
+    reply: Reply,
+    **fields,
+) -> None:
+    """One answer as an attempt row; an answer a rerun got from the cache is logged once.
+    `logged` holds (step, prompt hash, passed) of the rows already there."""
+    prompt_hash = hashlib.sha256(
+        json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    key = (step, prompt_hash, fields["passed"])
+    if reply.cached and key in logged:
+        return
+    logged.add(key)
+    store.add_attempt(
+        cand_id,
+        attempt=attempt,
+        step=step,
+        template_id=template,
+        template_hash=template_hash(template),
+        prompt_hash=prompt_hash,
+        answer=reply.text,
+        tokens_in=reply.tokens_in,
+        tokens_out=reply.tokens_out,
+        **fields,
+    )
 
 
 def wrap_with_llm(
@@ -290,21 +326,14 @@ class _Flow:
         )
 
     def _log(self, step: str, attempt: int, template: str, messages, reply: Reply, **fields):
-        prompt_hash = hashlib.sha256(
-            json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
-        ).hexdigest()
-        if reply.cached and (step, prompt_hash, fields["passed"]) in self.logged:
-            return
-        self.logged.add((step, prompt_hash, fields["passed"]))
-        self.store.add_attempt(
+        record_attempt(
+            self.store,
             self.cand.id,
-            attempt=attempt,
-            step=step,
-            template_id=template,
-            template_hash=template_hash(template),
-            prompt_hash=prompt_hash,
-            answer=reply.text,
-            tokens_in=reply.tokens_in,
-            tokens_out=reply.tokens_out,
+            self.logged,
+            step,
+            attempt,
+            template,
+            messages,
+            reply,
             **fields,
         )
