@@ -10,8 +10,15 @@ The pieces and the contract between them (every module relies on it):
   C++ source (`references/<id>.cpp` in the workdir) that builds with `cpp_extension` next to the
   label and exposes `reference` with the *same Python signature as the label's first exposed
   function* (the mined launcher), so a test calls both with the same arguments.
-- `cases`: the inputs, as Python source of builder functions `case_<k>(gen) -> list` returning the
-  argument list of that call (CPU tensors and Python scalars), with fixed seeds.
+- `inputs` / `made_inputs` / `llm_inputs`: the base calls of the host function (launcher parameter
+  order, CPU tensors and Python values). First the repository's own tests, recorded in the sandbox
+  and carried down the op chain; else, for an element-wise rule wrapper, calls by rule; else (with
+  an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
+  shapes, values of each parameter's kind, seeded). Stage metric `cases_source`: mined|rule|llm.
+- `cases`: the plan over the base calls (fewer rows, a larger drawn case, edge values, wider
+  channels, every dtype), embedded in the test with `torch.save`.
+- `llm_turns`: the ask, check, feed-back loop both model steps share; every answer an attempt row
+  (step `reference` or `inputs`).
 - `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from
   `prompts/test_code.py.j2`. Only python + torch + pytest are needed to run it. Environment:
     KMINER_IMPL       the .cu under test (default: `label.cu` beside the test file)

@@ -398,6 +398,7 @@ def plan(
     dtypes: list[str],
     names: list[str] | None = None,
     derived: list[BaseCall] = (),
+    made: bool = False,
 ) -> CasePlan:
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
@@ -411,7 +412,7 @@ def plan(
         out.cases.append({"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile})
 
     for i, _ in enumerate(base):
-        add(f"recorded_{i}", i)
+        add(f"{'generated' if made else 'recorded'}_{i}", i)
     shapes = {shape_key(b.args) for b in base}
     for k, b in enumerate(derived):  # made at the binding (binding_variants)
         if shape_key(b.args) not in shapes:

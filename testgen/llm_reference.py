@@ -27,16 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
+from testgen import llm_turns as turns
 from testgen.sandbox import run_sandboxed
-from wrappers.label import template_hash
-from wrappers.llm.client import LLMClient, LLMUnavailable
-from wrappers.llm.flow import record_attempt, render_messages
-from wrappers.llm.parse import AnswerError, parse_object
+from wrappers.llm.client import LLMClient
 
 TEMPLATE = "llm_reference.v1.j2"
 CHECKER = Path(__file__).with_name("refcheck.py")
 CHECK_TIMEOUT_S = 120.0
-PARAMS = {"temperature": 0.0, "max_tokens": 4096}
 _REF_NAME = re.compile(r"(?:_ref|_reference|_pytorch|_torch|_naive|_cpu|_python)$")
 _GENERIC = {
     "cuda",
@@ -60,7 +57,6 @@ _GENERIC = {
     "fwd",
     "bwd",
 }
-ALLOWED_IMPORTS = set(sys.stdlib_module_names) | {"torch"}
 MAX_SOURCE = 4000  # characters of a repository function shown to the model
 
 
@@ -117,29 +113,8 @@ def _describe(value) -> str:
 
 
 def contract_problem(code: str, params: list[str]) -> str:
-    """The first rule the code breaks that running it would not show ('' when none)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        return f"the code is not valid Python: {exc.msg} (line {exc.lineno})"
-    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "reference"]
-    if not fns:
-        return "the code defines no top-level function `reference`"
-    got = [a.arg for a in fns[0].args.args]
-    if len(got) != len(params) or fns[0].args.vararg:
-        return f"`reference` must take exactly ({', '.join(params)}), it takes ({', '.join(got)})"
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or ""]
-        bad = [n for n in names if n.split(".")[0] not in ALLOWED_IMPORTS]
-        if bad:
-            return f"the code imports {bad[0]}: only torch and the standard library are allowed"
-    if re.search(r"\.cuda\(|['\"]cuda", code):
-        return "the code uses CUDA: the reference runs on the CPU"
-    return ""
+    """The first rule `reference` breaks that running it would not show ('' when none)."""
+    return turns.contract_problem(code, "reference", params)
 
 
 def run_check(code: str, calls: list) -> str:
@@ -185,58 +160,19 @@ def write_llm_reference(
         example=[{"name": n, "text": _describe(v)} for n, v in zip(names, calls[0], strict=False)],
         python_refs=shown,
     )
-    messages = render_messages(TEMPLATE, **context)
-    logged = {(a["step"], a["prompt_hash"], a["passed"]) for a in store.attempts(cand.id)}
-    problem = ""
-    for attempt in range(1, max(1, max_attempts) + 1):
-        try:
-            reply = client.complete(
-                messages, template_id=TEMPLATE, template_hash=template_hash(TEMPLATE), params=PARAMS
-            )
-        except LLMUnavailable as exc:
-            return f"llm: {exc}"
-        code, strategy, problem = _judge(reply.text, names, calls)
-        record_attempt(
-            store,
-            cand.id,
-            logged,
-            "reference",
-            attempt,
-            TEMPLATE,
-            messages,
-            reply,
-            parsed={"strategy": strategy, "code": code},
-            strategy=strategy,
-            build_log=problem,
-            passed=not problem,
-        )
-        if not problem:
-            return _write(cand, code, strategy, params, shown, client.model, workdir)
-        if attempt < max_attempts:
-            fix = render_messages(
-                TEMPLATE,
-                "fix",
-                kernel=cand.kernel,
-                attempt=attempt + 1,
-                max_attempts=max_attempts,
-                problem=problem.splitlines()[0],
-                log="\n".join(problem.splitlines()[1:]),
-            )
-            messages = [*messages, {"role": "assistant", "content": reply.text}, *fix]
-    return f"llm: no usable reference after {max_attempts} answers: {problem.splitlines()[0]}"
-
-
-def _judge(text: str, names: list[str], calls: list) -> tuple[str, str, str]:
-    """(code, strategy, problem): the first failure of parse, contract and run wins."""
-    try:
-        obj = parse_object(text)
-    except AnswerError as exc:
-        return "", "", str(exc)
-    code, strategy = obj.get("code"), obj.get("strategy", "")
-    if not isinstance(code, str) or not code.strip():
-        return "", str(strategy), 'the object needs a non-empty string "code"'
-    problem = contract_problem(code, names) or run_check(code, calls)
-    return code, str(strategy), problem
+    answer = turns.ask_checked(
+        client,
+        store,
+        cand,
+        step="reference",
+        template=TEMPLATE,
+        context=context,
+        check=lambda code: contract_problem(code, names) or run_check(code, calls),
+        max_attempts=max_attempts,
+    )
+    if isinstance(answer, str):
+        return answer
+    return _write(cand, answer.code, answer.strategy, params, shown, client.model, workdir)
 
 
 def origin(ref: Reference, by: str = "a model") -> str:

@@ -50,8 +50,12 @@ def _products(ints: list[int]) -> set[int]:
 
 
 def row_counts(n: int) -> list[int]:
-    """The smallest valid count and one near the middle (odd sizes: off any block multiple)."""
-    return sorted({1, n // 2 + 1} - {n})
+    """The smallest valid count, one near the middle (odd sizes: off any block multiple) and,
+    for a call of 16 rows or more, a small one (at most 13): an op that caps its output (at most
+    50 voxels, K kept boxes) is compared only where the cap is not reached, and a recorded call
+    that reaches it may have no other count below it."""
+    small = min(13, n // 8)
+    return sorted(({1, n // 2 + 1} | ({small} if small >= 2 else set())) - {n})
 
 
 @dataclass

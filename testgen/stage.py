@@ -16,8 +16,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
-from testgen.cases import MIN_CASES, MIN_SHAPES, base_calls, binding_variants, label_dtypes, plan
+from testgen.cases import (
+    MIN_CASES,
+    MIN_SHAPES,
+    BaseCall,
+    base_calls,
+    binding_variants,
+    label_dtypes,
+    plan,
+)
 from testgen.inputs import RECORDER, record_repo_calls
+from testgen.made_inputs import RULE_ORIGIN, exposed_params, rule_calls
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.testcode import order_free_reason, render_test, template_version
 from testgen.variants import VariantKind, derive_variants
@@ -39,6 +48,10 @@ def _version() -> str:
         "reach",
         "llm_reference",
         "refcheck",
+        "llm_turns",
+        "llm_inputs",
+        "callcheck",
+        "made_inputs",
     ):
         h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
     h.update(RECORDER.read_bytes())
@@ -96,18 +109,16 @@ def _write_variants(
     return paths, kinds
 
 
-def _llm_reference(cand, refs, base, label_text: str, function: str, llm, workdir: Path):
+def _llm_reference(cand, refs, base, label_text: str, sig, llm, workdir: Path):
     """The model's reference (testgen/llm_reference.py), or why there is none."""
     from testgen.llm_reference import write_llm_reference
 
-    item = refs.definition(function)
-    sig = refs.signature(item) if item else None
-    if sig is None or not all(n for _, n in sig.params):
-        return f"llm: {function} has no signature to write a reference for"
+    if sig is None:
+        return "llm: the host function has no signature to write a reference for"
     return write_llm_reference(
         cand,
         label_text,
-        list(sig.params),
+        sig,
         [b.args for b in base],
         client=llm.client,
         store=llm.store,
@@ -115,6 +126,37 @@ def _llm_reference(cand, refs, base, label_text: str, function: str, llm, workdi
         repo_root=Path(refs.disc.root),
         max_attempts=llm.max_attempts,
     )
+
+
+def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[list, str]:
+    """(base calls, who made them) when the repository's tests never call the op: by rule,
+    else by the model; ([], why) when neither can."""
+    from testgen.llm_inputs import write_llm_calls
+
+    if sig is None:
+        return [], "the host function has no signature to make inputs for"
+    made = rule_calls(cand, sig)
+    if made:
+        return made, RULE_ORIGIN
+    if llm is None:
+        return [], "no rule makes its inputs (not an element-wise rule wrapper) and no LLM is set"
+    shown = None
+    if not isinstance(found, str):
+        lang = "python" if found.path.endswith(".py") else "cpp"
+        shown = (found.kind, lang, (workdir / found.path).read_text("latin-1"))
+    calls = write_llm_calls(
+        cand,
+        label_text,
+        sig,
+        shown,
+        client=llm.client,
+        store=llm.store,
+        max_attempts=llm.max_attempts,
+    )
+    if isinstance(calls, str):
+        return [], calls
+    by = f"`make_calls`, written by {llm.client.model} and checked in the sandbox"
+    return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], by
 
 
 def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str, llm=None) -> None:
@@ -135,9 +177,18 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     base, why = base_calls(cand, calls, refs)
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    sig = exposed_params(refs, function, label_text)
+    made_by, inputs_tried = "", False
+    if not base:
+        inputs_tried = llm is not None
+        base, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
+        if not base:
+            never = f"the repository's tests never call {python_fn or 'its op'}"
+            why, made_by = [*(why or [never]), made_by], ""
+    source = "mined" if not made_by else ("rule" if made_by == RULE_ORIGIN else "llm")
     tried = llm is not None and isinstance(found, str) and bool(base)
     if tried:
-        written = _llm_reference(cand, refs, base, label_text, function, llm, workdir)
+        written = _llm_reference(cand, refs, base, label_text, sig, llm, workdir)
         found = written if not isinstance(written, str) else f"{found}; {written}"
     if isinstance(found, str):
         cand.reference = Reference()
@@ -146,14 +197,20 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     cand.reference = found
     reference_text = (workdir / found.path).read_text("latin-1")
     if not base:
-        detail = why[0] if why else f"the repository's tests never call {python_fn or 'its op'}"
-        _skip(cand, Reason.NO_CASES, detail, key, reference_kind=found.kind)
+        _skip(
+            cand,
+            Reason.NO_CASES,
+            "; ".join(why),
+            key,
+            reference_kind=found.kind,
+            llm_inputs_tried=inputs_tried,
+        )
         return
-    params = refs.params_of(function)
+    params = [n for _, n in sig] if sig else refs.params_of(function)
     derived = binding_variants(base, cand, refs)
-    case_plan = plan(base, label_dtypes(label_text), params, derived)
+    case_plan = plan(base, label_dtypes(label_text), params, derived, made=bool(made_by))
     order_free = order_free_reason(label_text)
-    text = render_test(cand, function, case_plan, reference_text, order_free)
+    text = render_test(cand, function, case_plan, reference_text, order_free, made_by)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")
@@ -168,7 +225,7 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     cand.tests = Tests(
         path=rel,
         hash=hashlib.sha256(text.encode()).hexdigest()[:20],
-        cases_source="mined",
+        cases_source=source,
         num_cases=len(case_plan.cases),
         num_shapes=case_plan.shapes,
         dtypes=sorted(recorded_dtypes | set(case_plan.dtypes)),
@@ -191,7 +248,7 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
                 "num_cases": cand.tests.num_cases,
                 "num_shapes": cand.tests.num_shapes,
                 "reference_kind": found.kind,
-                "cases_source": "mined",
+                "cases_source": source,
                 "variants": len(variants),
                 "order_free": order_free,
             },
@@ -213,6 +270,8 @@ def run_testgen(ctx, cands: list[Candidate]) -> None:
         fresh = done is not None and done.key == key and not ctx.cfg.redo
         if fresh and ctx.llm is not None and done.reason == Reason.NO_REFERENCE:
             fresh = bool(done.metrics.get("llm_tried"))  # a model may write what the repo lacks
+        if fresh and ctx.llm is not None and done.reason == Reason.NO_CASES:
+            fresh = bool(done.metrics.get("llm_inputs_tried"))
         if fresh and (done.status != Status.OK or (ctx.workdir / cand.tests.path).is_file()):
             continue
         todo.append((cand, key))

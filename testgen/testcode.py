@@ -54,18 +54,19 @@ def _chunks(data: bytes) -> list[str]:
     return [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)] or [""]
 
 
-def _describe(case: dict, plan: CasePlan) -> str:
+def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     base = plan.base[case["base"]]
     shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
-    what = f"recorded call {case['base']} from {base.origin}, tensors {shapes}"
+    call = "generated call" if made else "recorded call"
+    what = f"{call} {case['base']} from {base.origin}, tensors {shapes}"
     if base.derived:
-        what = f"recorded call {base.rows_of} ({base.origin}) with {base.derived} at the "
+        what = f"{call} {base.rows_of} ({base.origin}) with {base.derived} at the "
         what += f"binding `{base.call.function}`, carried down: tensors {shapes}"
     elif base.rows_of is not None and base.more:
-        what = f"{base.rows} rows drawn from recorded call {base.rows_of} ({base.origin}) with "
+        what = f"{base.rows} rows drawn from {call} {base.rows_of} ({base.origin}) with "
         what += f"1% noise, tensors {shapes}"
     elif base.rows_of is not None:
-        what = f"the first {base.rows} rows of recorded call {base.rows_of} ({base.origin}), "
+        what = f"the first {base.rows} rows of {call} {base.rows_of} ({base.origin}), "
         what += f"tensors {shapes}"
     if case["dtype"]:
         what += f", floating tensors as {case['dtype']}"
@@ -81,13 +82,20 @@ def _describe(case: dict, plan: CasePlan) -> str:
 
 
 def render_test(
-    cand: Candidate, function: str, plan: CasePlan, reference_text: str, order_free: str = ""
+    cand: Candidate,
+    function: str,
+    plan: CasePlan,
+    reference_text: str,
+    order_free: str = "",
+    made_by: str = "",
 ) -> str:
+    """The test file; `made_by` says who made the inputs when the repository's tests never call
+    the op ('' for recorded calls)."""
     import torch
 
     buf = io.BytesIO()
     torch.save([b.args for b in plan.base], buf)
-    cases = [{**c, "description": _describe(c, plan)} for c in plan.cases]
+    cases = [{**c, "description": _describe(c, plan, bool(made_by))} for c in plan.cases]
     k = cand.kernel
     return (
         environment()
@@ -107,6 +115,7 @@ def render_test(
             cases=cases,
             num_shapes=plan.shapes,
             origins=sorted({b.origin for b in plan.base}),
+            made_by=made_by,
             large=f"{LARGE:g}",
             tolerances={d: TOLERANCES[d] for d in ("float32", "float64", "float16", "bfloat16")},
             tolerances_py=pformat(TOLERANCES, width=92),

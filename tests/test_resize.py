@@ -132,3 +132,14 @@ def test_conv_resize_follows_the_output_size_and_keeps_weights():
     # an integer tensor at the input size may index it: no call
     idx = torch.zeros(10, 1, 3, 3, dtype=torch.long)
     assert conv_resize([args[0], idx, 2, 2], ["x", "i", "kH", "kW"]) == []
+
+
+def test_a_large_call_also_gets_a_small_count_below_any_output_cap():
+    # mmcv's voxelization: 800 points, at most 50 voxels; 1 and 401 points give only one
+    # comparable shape beside the recorded ones, 13 points stay below the cap
+    points, voxels = torch.rand(800, 4), torch.zeros(50, 10, 4)
+    args = [points, voxels, torch.zeros(50, 3, dtype=torch.int32), [0.5] * 3, 10, 50, 3]
+    names = ["points", "voxels", "coors", "voxel_size", "max_points", "max_voxels", "NDim"]
+    subsets = dict(row_subsets(args, names))
+    assert sorted(subsets) == [1, 13, 401]
+    assert subsets[13][0].equal(points[:13]) and subsets[13][1] is voxels  # outputs keep the cap
