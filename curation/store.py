@@ -210,6 +210,8 @@ class Store:
         self.engine = create_engine(url, future=True)
         if url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
+        from curation import curators, queue  # noqa: F401  (their tables join the metadata)
+
         Base.metadata.create_all(self.engine)
 
     @classmethod
@@ -259,6 +261,8 @@ class Store:
 
     # candidates -----------------------------------------------------------------------------
     def save(self, cands: Candidate | Iterable[Candidate], repo_id: int | None = None) -> None:
+        from curation import queue
+
         items = [cands] if isinstance(cands, Candidate) else list(cands)
         with Session(self.engine) as s:
             for c in items:
@@ -283,6 +287,7 @@ class Store:
                         c.kernel.name,
                         data,
                     )
+                queue.upsert(s, c, row.repo_id)
             s.commit()
 
     def candidates(self, repo_id: int | None = None) -> list[Candidate]:

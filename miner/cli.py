@@ -445,6 +445,7 @@ def stats(
 # `python -m miner.cli`: cli_verify must register its commands on this very module's app
 if __name__ == "__main__":  # pragma: no cover
     sys.modules.setdefault("miner.cli", sys.modules[__name__])
+from curation import cli as curation_cli  # noqa: E402, F401  (curator, serve)
 from miner import cli_verify  # noqa: E402, F401  (testgen, bundle, ingest, verify)
 
 

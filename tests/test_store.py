@@ -26,7 +26,7 @@ def store(request, tmp_path):
         s = Store.open(tmp_path)
     else:
         s = Store(request.getfixturevalue("postgres_url"))
-        for table in ("candidates", "repos", "file_skips", "compile_cache", "runs"):
+        for table in ("candidates", "queue", "repos", "file_skips", "compile_cache", "runs"):
             s.engine.dispose()
             with s.engine.begin() as conn:
                 conn.exec_driver_sql(f"DELETE FROM {table}")
