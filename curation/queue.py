@@ -139,3 +139,13 @@ def listing(store, filters: dict, sort: str = "kernel", page: int = 1) -> dict:
         items.append(item)
     counts = {d.value: counts.get(d.value, 0) for d in Decision}
     return {"items": items, "total": total, "page": page, "pages": pages, "counts": counts}
+
+
+def neighbours(store, cand_id: str) -> tuple[str, str]:
+    """(previous, next) candidate ids in the queue's default order ('' at either end)."""
+    with Session(store.engine) as s:
+        ids = s.scalars(select(QueueRow.cand_id).order_by(QueueRow.kernel, QueueRow.cand_id)).all()
+    at = ids.index(cand_id) if cand_id in ids else -1
+    if at < 0:
+        return "", ""
+    return (ids[at - 1] if at > 0 else ""), (ids[at + 1] if at < len(ids) - 1 else "")

@@ -11,6 +11,7 @@ CSRF, 404 unknown candidate, 409 a write based on an old version, 422 a bad body
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -67,10 +68,14 @@ def acceptable(cand) -> str:
     return ""
 
 
-def create_app(store: Store, public_read: bool = False) -> FastAPI:
+def create_app(store: Store, public_read: bool = False, workdir: Path | None = None) -> FastAPI:
+    """The server on `store`; `workdir` holds the files the candidate pages show (labels,
+    references, tests)."""
+    from curation import ui
+
     queue.ensure(store)
     app = FastAPI(title="kminer review", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.store, app.state.public_read = store, public_read
+    app.state.store, app.state.public_read, app.state.workdir = store, public_read, workdir
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
@@ -91,6 +96,7 @@ def create_app(store: Store, public_read: bool = False) -> FastAPI:
     app.get("/api/stats")(api_stats)
     app.post("/login")(login)
     app.post("/logout")(logout)
+    ui.install(app)
     return app
 
 
@@ -209,9 +215,8 @@ def _write(store: Store, cand_id: str, base: int, curator: str, action: str, **f
         raise HTTPException(409, {"message": message, "current": exc.current}) from None
 
 
-def api_review(request: Request, cand_id: str, body: ReviewBody, by: Writer):
-    store = request.app.state.store
-    cand = _candidate(request, cand_id)
+def apply_review(store: Store, cand, body: ReviewBody, curator: str) -> dict:
+    """The review write both the API and the forms make (HTTPException 409/422 when refused)."""
     if body.decision == "reject" and body.reason not in REJECT_REASONS:
         raise HTTPException(422, f"a rejection needs a reason, one of {', '.join(REJECT_REASONS)}")
     override = False
@@ -220,28 +225,33 @@ def api_review(request: Request, cand_id: str, body: ReviewBody, by: Writer):
         if why and not body.override:
             raise HTTPException(422, f"cannot accept: {why} (an override must be asked for)")
         override = bool(why)
-    action = "override_accept" if override else body.decision
     return _write(
         store,
-        cand_id,
+        cand.id,
         body.version,
-        by.name,
-        action,
+        curator,
+        "override_accept" if override else body.decision,
         decision=DECISIONS[body.decision],
-        reason=body.reason,
+        reason=body.reason if body.decision == "reject" else "",
         note=body.note,
         override=override,
     )
 
 
-def api_instruction(request: Request, cand_id: str, body: InstructionBody, by: Writer):
-    _candidate(request, cand_id)
+def api_review(request: Request, cand_id: str, body: ReviewBody, by: Writer):
+    return apply_review(request.app.state.store, _candidate(request, cand_id), body, by.name)
+
+
+def apply_instruction(store: Store, cand_id: str, body: InstructionBody, curator: str) -> dict:
     fields = {"instruction": body.instruction}
     if body.instruction_complete is not None:
         fields["instruction_complete"] = body.instruction_complete
-    return _write(
-        request.app.state.store, cand_id, body.version, by.name, "edit_instruction", **fields
-    )
+    return _write(store, cand_id, body.version, curator, "edit_instruction", **fields)
+
+
+def api_instruction(request: Request, cand_id: str, body: InstructionBody, by: Writer):
+    _candidate(request, cand_id)
+    return apply_instruction(request.app.state.store, cand_id, body, by.name)
 
 
 def api_stats(request: Request, _: Reader):

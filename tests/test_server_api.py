@@ -45,12 +45,13 @@ def fill(store: Store) -> None:
 
 
 class Served:
-    def __init__(self, store: Store, public_read: bool = False) -> None:
+    def __init__(self, store: Store, public_read: bool = False, workdir=None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         config = uvicorn.Config(
-            create_app(store, public_read=public_read), host="127.0.0.1", port=self.port,
+            create_app(store, public_read=public_read, workdir=workdir), host="127.0.0.1",
+            port=self.port,
             log_level="warning",
         )  # fmt: skip
         self.server = uvicorn.Server(config)

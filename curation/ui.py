@@ -1,0 +1,234 @@
+"""The review UI: server-rendered pages (Jinja2, prompts/ui/) with plain forms, no build step.
+
+The pages call the same functions as the JSON API, so a form and a script are refused for the
+same reasons. A refused form re-renders the candidate page with the reason and the state now in
+the store, under the same status code the API would give (409 shows who wrote first).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from curation import queue
+from curation import server as api
+from miner.candidate import Stage
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "prompts" / "ui"
+COLUMNS = [("kernel", "kernel"), ("op", "op"), ("outcome", "outcome")]
+COLUMNS += [("kill_rate", "kill rate"), ("kernel_time_us", "time (µs)")]
+_CPP_WORDS = r"__global__|__device__|__shared__|template|typename|const|return|if|else|for|while"
+_CPP_WORDS += r"|int|float|double|void|auto|struct|static|inline|unsigned|bool|def|import|from"
+_TOKENS = re.compile(
+    rf"(?P<com>//[^\n]*|/\*.*?\*/|#(?!include|define|if|endif|pragma)[^\n]*)"
+    rf"|(?P<str>\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*')"
+    rf"|(?P<kw>\b(?:{_CPP_WORDS})\b)|(?P<num>\b\d+(?:\.\d+)?f?\b)",
+    re.S,
+)
+
+
+def highlight(code: str) -> Markup:
+    """Escaped source with comments, strings, keywords and numbers in spans (C++ and Python)."""
+    out, at = [], 0
+    for m in _TOKENS.finditer(code):
+        out.append(html.escape(code[at : m.start()]))
+        out.append(f'<span class="{m.lastgroup}">{html.escape(m.group())}</span>')
+        at = m.end()
+    out.append(html.escape(code[at:]))
+    return Markup("".join(out))
+
+
+_env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["j2"]))
+
+
+def _render(name: str, request: Request, status: int = 200, **ctx) -> HTMLResponse:
+    found = api.who(request)
+    ctx.setdefault("who", found.name if found and not found.revoked else "")
+    ctx.setdefault("csrf", found.csrf if found else "")
+    return HTMLResponse(_env.get_template(name).render(**ctx), status_code=status)
+
+
+def _reader(request: Request):
+    """The curator reading, or a redirect to the login page (None when reading is public)."""
+    found = api.who(request)
+    if request.app.state.public_read:
+        return found
+    if found is None or not found.name or found.revoked:
+        return RedirectResponse("/login", status_code=303)
+    return found
+
+
+def login_page(request: Request):
+    return _render("login.html.j2", request)
+
+
+def queue_page(request: Request, sort: str = "kernel", page: int = 1):
+    found = _reader(request)
+    if isinstance(found, RedirectResponse):
+        return found
+    store = request.app.state.store
+    chosen = {k: request.query_params.get(k, "") for k in queue.FILTERS}
+    listing = queue.listing(store, chosen, sort, page)
+    filters = [{"name": k, "value": v, "choices": _choices(store, k)} for k, v in chosen.items()]
+
+    def url(**change) -> str:
+        params = {k: v for k, v in {**chosen, "sort": sort, "page": page, **change}.items() if v}
+        return "/?" + urlencode(params)
+
+    def sort_url(col: str) -> str:
+        return url(sort=f"-{col}" if sort == col else col, page=1)
+
+    return _render(
+        "queue.html.j2",
+        request,
+        listing=listing,
+        filters=filters,
+        sort=sort,
+        columns=COLUMNS,
+        sort_url=sort_url,
+        page_url=lambda p: url(page=p),
+    )
+
+
+def _choices(store, key: str) -> list[str]:
+    if key == "status":
+        return [d.value for d in api.Decision]
+    column = queue.RepoRow.url if key == "repo" else getattr(queue.QueueRow, key)
+    with Session(store.engine) as s:
+        return sorted(v for v in s.scalars(select(column).distinct()) if v)
+
+
+def _file(workdir: Path | None, rel: str) -> str:
+    if not workdir or not rel:
+        return ""
+    path = Path(workdir) / rel
+    return path.read_text("utf-8", errors="replace") if path.is_file() else ""
+
+
+def candidate_view(request: Request, cand_id: str, saved: int | None = None):
+    flash = {"flash": f"saved (version {saved})"} if saved is not None else {}
+    return candidate_page(request, cand_id, 200, flash)
+
+
+def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
+    found = _reader(request)
+    if isinstance(found, RedirectResponse):
+        return found
+    store, workdir = request.app.state.store, request.app.state.workdir
+    cand = api._candidate(request, cand_id)
+    data = api.detail(store, cand)
+    verify = data["stages"].get(Stage.VERIFY.value, {})
+    files = []
+    for title, rel in (
+        ("Label", cand.wrapper.label_path),
+        ("Reference", cand.reference.path),
+        ("test_code", cand.tests.path),
+    ):
+        text = _file(workdir, rel)
+        if text:
+            files.append((f"{title} ({rel})", highlight(text)))
+    history = [
+        {
+            "at": f"{a['at']:%Y-%m-%d %H:%M:%S}",
+            "curator": a["curator"],
+            "action": a["action"],
+            "change": _change(a["before"], a["after"]),
+        }
+        for a in store.audit(cand_id)
+    ]
+    prev_id, next_id = queue.neighbours(store, cand_id)
+    return _render(
+        "candidate.html.j2",
+        request,
+        status=status,
+        c=data,
+        c_closure=cand.closure,
+        review=data["review"],
+        outcome=verify.get("status", ""),
+        verify=verify,
+        why_not=data["why_not_acceptable"],
+        reasons=api.REJECT_REASONS,
+        default_instruction="",
+        source_html=highlight(cand.kernel.source),
+        files=files,
+        attempts=store.attempts(cand_id),
+        history=history,
+        prev_id=prev_id,
+        next_id=next_id,
+        **flash,
+    )
+
+
+def _change(before: dict, after: dict) -> str:
+    keys = [k for k in after if k not in ("version", "reviewed_at") and before.get(k) != after[k]]
+    return "; ".join(f"{k}: {before.get(k)!r} → {after[k]!r}" for k in keys)
+
+
+async def review_form(request: Request, cand_id: str, by: api.Writer):
+    form = await request.form()
+    return _apply(
+        request,
+        cand_id,
+        lambda store, cand: api.apply_review(
+            store,
+            cand,
+            api.ReviewBody(
+                decision=form.get("decision", ""),
+                reason=form.get("reason", ""),
+                note=form.get("note", ""),
+                version=form.get("version", ""),
+                override=bool(form.get("override")),
+            ),
+            by.name,
+        ),
+    )
+
+
+async def instruction_form(request: Request, cand_id: str, by: api.Writer):
+    form = await request.form()
+    return _apply(
+        request,
+        cand_id,
+        lambda store, cand: api.apply_instruction(
+            store,
+            cand.id,
+            api.InstructionBody(
+                instruction=form.get("instruction", ""), version=form.get("version", "")
+            ),
+            by.name,
+        ),
+    )
+
+
+def _apply(request: Request, cand_id: str, write) -> HTMLResponse | RedirectResponse:
+    store = request.app.state.store
+    cand = api._candidate(request, cand_id)
+    try:
+        after = write(store, cand)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = f"bad form: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        return candidate_page(request, cand_id, 422, {"flash": message, "flash_kind": "error"})
+    except HTTPException as exc:
+        detail = exc.detail if isinstance(exc.detail, dict) else {"message": exc.detail}
+        flash = {"flash": detail["message"], "flash_kind": "error"}
+        return candidate_page(request, cand_id, exc.status_code, flash)
+    return RedirectResponse(f"/c/{cand_id}?saved={after['version']}", status_code=303)
+
+
+def install(app: FastAPI) -> None:
+    app.get("/", response_class=HTMLResponse)(queue_page)
+    app.get("/login", response_class=HTMLResponse)(login_page)
+    app.get("/c/{cand_id}", response_class=HTMLResponse)(candidate_view)
+    app.post("/c/{cand_id}/review")(review_form)
+    app.post("/c/{cand_id}/instruction")(instruction_form)
