@@ -1,7 +1,7 @@
 """The review UI in headless Chromium (Debian's package, driven by Playwright) against a server
-on 127.0.0.1: log in, filter, open a candidate, accept, reject with a reason, edit an
-instruction, the conflict case and a write without login. Screenshots of the queue and of a
-candidate page are kept under tests/artifacts/ (gitignored)."""
+on 127.0.0.1, on SQLite and on PostgreSQL: log in, filter, open a candidate, accept, reject with a
+reason, edit an instruction, the conflict case and a write without login. Screenshots of the
+queue and of a candidate page are kept under tests/artifacts/ (gitignored)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server_api import Served, fill
+from test_server_api import Served, fill, fresh_database
 
 from curation import curators
 from curation.store import Store
@@ -31,11 +31,14 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def served(tmp_path):
-    store = Store.open(tmp_path / "w")
+@pytest.fixture(params=["sqlite", "postgres"])
+def served(request, tmp_path):
+    if request.param == "sqlite":
+        store = Store.open(tmp_path / "w")
+    else:
+        store = Store(fresh_database(request.getfixturevalue("postgres_url")))
     fill(store)
-    (tmp_path / "w" / "labels").mkdir()
+    (tmp_path / "w" / "labels").mkdir(parents=True)
     (tmp_path / "w" / "labels" / "c0000.cu").write_text("__global__ void kern0(float* x) {}\n")
     cand = store.get("c0000")
     cand.wrapper.label_path = "labels/c0000.cu"

@@ -75,18 +75,22 @@ class Served:
         return httpx.Client(base_url=self.base, headers=headers, timeout=10, **kw)
 
 
+def fresh_database(server_url: str) -> str:
+    """The URL of a new, empty database on the test's PostgreSQL server."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = Store(server_url)
+    with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    admin.close()
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request, tmp_path):
     if request.param == "sqlite":
         s = Store.open(tmp_path)
-    else:  # a database of its own on the test's server
-        base = request.getfixturevalue("postgres_url")
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        admin = Store(base)
-        with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        admin.close()
-        s = Store(base.rsplit("/", 1)[0] + f"/{name}")
+    else:
+        s = Store(fresh_database(request.getfixturevalue("postgres_url")))
     fill(s)
     yield s
     s.close()
