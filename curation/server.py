@@ -10,6 +10,7 @@ CSRF, 404 unknown candidate, 409 a write based on an old version, 422 a bad body
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Literal
@@ -93,6 +94,7 @@ def create_app(store: Store, public_read: bool = False, workdir: Path | None = N
     app.get("/api/candidates/{cand_id}")(api_candidate)
     app.post("/api/candidates/{cand_id}/review")(api_review)
     app.put("/api/candidates/{cand_id}/instruction")(api_instruction)
+    app.put("/api/candidates/{cand_id}/label")(api_label)
     app.get("/api/stats")(api_stats)
     app.post("/login")(login)
     app.post("/logout")(logout)
@@ -204,9 +206,11 @@ def api_candidate(request: Request, cand_id: str, _: Reader):
     return detail(request.app.state.store, _candidate(request, cand_id))
 
 
-def _write(store: Store, cand_id: str, base: int, curator: str, action: str, **fields) -> dict:
+def _write(
+    store: Store, cand_id: str, base: int, curator: str, action: str, changes=None, **fields
+) -> dict:
     try:
-        return store.write_review(cand_id, base, curator, action, **fields)
+        return store.write_review(cand_id, base, curator, action, changes, **fields)
     except VersionConflict as exc:
         message = (
             f"conflict: the candidate changed since version {base} "
@@ -247,6 +251,41 @@ def apply_instruction(store: Store, cand_id: str, body: InstructionBody, curator
     if body.instruction_complete is not None:
         fields["instruction_complete"] = body.instruction_complete
     return _write(store, cand_id, body.version, curator, "edit_instruction", **fields)
+
+
+class LabelBody(BaseModel):
+    label: str = Field(min_length=1, max_length=2_000_000)
+    version: int = Field(ge=0)
+
+
+def apply_label(store: Store, workdir: Path | None, cand, body: LabelBody, curator: str) -> dict:
+    """A curator's label is a new revision beside the old one (`labels/<id>.r<N>.cu`): the
+    candidate points at it, its verdict is forgotten (testgen derives new wrong variants from
+    it, verify runs again) and an accepted candidate goes back to pending until it passes."""
+    if workdir is None:
+        raise HTTPException(422, "this server has no workdir to write a label revision to")
+    review = store.review(cand.id)
+    if review["version"] != body.version:
+        _write(store, cand.id, body.version, curator, "edit_label")  # raises the 409
+    folder = Path(workdir) / "labels"
+    revision = len(list(folder.glob(f"{cand.id}.r*.cu"))) + 1
+    rel = f"labels/{cand.id}.r{revision}.cu"
+    text = body.label if body.label.endswith("\n") else body.label + "\n"
+    changes = {"label_path": (cand.wrapper.label_path, rel)}
+    decision = {"decision": Decision.PENDING} if review["decision"] == "accepted" else {}
+    after = _write(store, cand.id, body.version, curator, "edit_label", changes=changes, **decision)
+    folder.mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / rel).write_text(text, encoding="utf-8")
+    cand.wrapper.label_path = rel
+    cand.wrapper.label_hash = hashlib.sha256(text.encode("latin-1", "replace")).hexdigest()[:20]
+    cand.clear_stage(Stage.VERIFY)
+    store.save(cand)
+    return {**after, "label_path": rel}
+
+
+def api_label(request: Request, cand_id: str, body: LabelBody, by: Writer):
+    cand = _candidate(request, cand_id)
+    return apply_label(request.app.state.store, request.app.state.workdir, cand, body, by.name)
 
 
 def api_instruction(request: Request, cand_id: str, body: InstructionBody, by: Writer):

@@ -323,12 +323,20 @@ class Store:
             return {r.cand_id: _review_dict(r.cand_id, r) for r in s.scalars(q)}
 
     def write_review(
-        self, cand_id: str, base_version: int, curator: str, action: str, **fields
+        self,
+        cand_id: str,
+        base_version: int,
+        curator: str,
+        action: str,
+        changes: dict | None = None,
+        **fields,
     ) -> dict:
         """Apply `fields` if the review is still at `base_version`; audit it in the same commit.
 
         Raises VersionConflict (carrying the newer state) when another write came first, so two
-        curators acting on the same candidate never silently overwrite each other.
+        curators acting on the same candidate never silently overwrite each other. `changes`
+        ({key: (before, after)}) records what else the action changed (a label revision) in
+        the audit row.
         """
         unknown = set(fields) - set(REVIEW_FIELDS)
         if unknown:
@@ -358,8 +366,10 @@ class Store:
                 if "reviewed_at" in values
                 else before["reviewed_at"]
             )
-            s.add(AuditRow(curator=curator, cand_id=cand_id, action=action, before=before,
-                           after=after))  # fmt: skip
+            extra = changes or {}
+            s.add(AuditRow(curator=curator, cand_id=cand_id, action=action,
+                           before={**before, **{k: v[0] for k, v in extra.items()}},
+                           after={**after, **{k: v[1] for k, v in extra.items()}}))  # fmt: skip
             try:
                 s.commit()
             except IntegrityError:  # two first writes raced on the insert

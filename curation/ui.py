@@ -127,7 +127,8 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
     store, workdir = request.app.state.store, request.app.state.workdir
     cand = api._candidate(request, cand_id)
     data = api.detail(store, cand)
-    verify = data["stages"].get(Stage.VERIFY.value, {})
+    verify = {"kernel_time_us": None, "kill_rate": None, "cases": [], "variants": [], "gpu": ""}
+    verify.update(data["stages"].get(Stage.VERIFY.value, {}))  # none yet: unverified
     files = []
     for title, rel in (
         ("Label", cand.wrapper.label_path),
@@ -161,6 +162,7 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
         default_instruction="",
         source_html=highlight(cand.kernel.source),
         files=files,
+        label_text=_file(workdir, cand.wrapper.label_path),
         attempts=store.attempts(cand_id),
         history=history,
         prev_id=prev_id,
@@ -210,6 +212,21 @@ async def instruction_form(request: Request, cand_id: str, by: api.Writer):
     )
 
 
+async def label_form(request: Request, cand_id: str, by: api.Writer):
+    form = await request.form()
+    return _apply(
+        request,
+        cand_id,
+        lambda store, cand: api.apply_label(
+            store,
+            request.app.state.workdir,
+            cand,
+            api.LabelBody(label=form.get("label", ""), version=form.get("version", "")),
+            by.name,
+        ),
+    )
+
+
 def _apply(request: Request, cand_id: str, write) -> HTMLResponse | RedirectResponse:
     store = request.app.state.store
     cand = api._candidate(request, cand_id)
@@ -232,3 +249,4 @@ def install(app: FastAPI) -> None:
     app.get("/c/{cand_id}", response_class=HTMLResponse)(candidate_view)
     app.post("/c/{cand_id}/review")(review_form)
     app.post("/c/{cand_id}/instruction")(instruction_form)
+    app.post("/c/{cand_id}/label")(label_form)

@@ -82,6 +82,12 @@ def test_curator_reviews_in_the_browser(browser, served):
     page.click("#save-instruction")
     page.wait_for_url("**saved=2")
     assert page.input_value("#instruction") == "Write the ROI Align forward kernel in CUDA."
+    page.click("#label-edit summary")  # a label edit: a new revision, back to pending
+    page.fill("#label", "__global__ void kern0(float* x) { x[0] = 1.f; }")
+    page.click("#save-label")
+    page.wait_for_url("**saved=3")
+    assert page.inner_text("#decision") == "pending" and "x[0] = 1.f" in page.inner_text("main")
+    assert store.get("c0000").wrapper.label_path == "labels/c0000.r1.cu"
     page.goto(srv.base + "/c/c0003")
     page.keyboard.press("r")  # focuses the reason: rejecting needs one
     page.select_option("#reject-reason", "duplicate")
@@ -94,6 +100,7 @@ def test_curator_reviews_in_the_browser(browser, served):
     assert actions == [
         ("ann", "c0000", "accept"),
         ("ann", "c0000", "edit_instruction"),
+        ("ann", "c0000", "edit_label"),
         ("ann", "c0003", "reject"),
     ]
 

@@ -282,3 +282,32 @@ def test_login_sets_an_httponly_samesite_session_and_logout_ends_it(store):
         assert curators.by_session(store, session) is None  # ended in the store, not only here
         stale = srv.client(cookies={COOKIE: session})
         assert stale.get("/api/candidates").status_code == 401
+
+
+def test_a_label_edit_is_a_new_revision_that_must_be_verified_again(store, tmp_path):
+    ann = curators.add(store, "ann")
+    work = tmp_path / "work"
+    (work / "labels").mkdir(parents=True)
+    (work / "labels" / "c0000.cu").write_text("__global__ void kern0() {}\n")
+    cand = store.get("c0000")
+    cand.wrapper.label_path, cand.wrapper.label_hash = "labels/c0000.cu", "old"
+    store.save(cand)
+    with Served(store, workdir=work) as srv:
+        c = srv.client(ann)
+        assert c.post("/api/candidates/c0000/review", json={"decision": "accept", "version": 0})
+        body = {"label": "__global__ void kern0() { /* fixed */ }", "version": 1}
+        r = c.put("/api/candidates/c0000/label", json=body)
+        assert r.status_code == 200 and r.json()["label_path"] == "labels/c0000.r1.cu"
+        assert r.json()["decision"] == "pending" and r.json()["version"] == 2
+        assert c.put("/api/candidates/c0000/label", json=body).status_code == 409  # stale
+        r = c.post("/api/candidates/c0000/review", json={"decision": "accept", "version": 2})
+        assert r.status_code == 422 and "verify outcome is missing" in r.json()["message"]
+    edited = store.get("c0000")
+    assert edited.wrapper.label_path == "labels/c0000.r1.cu" and edited.stage(Stage.VERIFY) is None
+    assert edited.wrapper.label_hash != "old"
+    assert "fixed" in (work / edited.wrapper.label_path).read_text()
+    assert (work / "labels" / "c0000.cu").read_text() == "__global__ void kern0() {}\n"  # kept
+    row = store.audit("c0000")[-1]
+    assert row["action"] == "edit_label" and row["before"]["label_path"] == "labels/c0000.cu"
+    assert row["after"]["label_path"] == "labels/c0000.r1.cu"
+    assert (row["before"]["decision"], row["after"]["decision"]) == ("accepted", "pending")
