@@ -192,7 +192,8 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
         found = written if not isinstance(written, str) else f"{found}; {written}"
     if isinstance(found, str):
         cand.reference = Reference()
-        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=tried)
+        llm_tried = tried or inputs_tried  # asked once (inputs or reference): not again
+        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=llm_tried)
         return
     cand.reference = found
     reference_text = (workdir / found.path).read_text("latin-1")
