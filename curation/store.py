@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     select,
     update,
 )
@@ -114,6 +115,7 @@ class AttemptRow(Base):
     strategy: Mapped[str] = mapped_column(Text, default="")  # what the model says it did
     label: Mapped[str] = mapped_column(Text, default="")
     build_log: Mapped[str] = mapped_column(Text, default="")
+    prompt: Mapped[str | None] = mapped_column(Text, nullable=True)  # the turn's last message
     passed: Mapped[bool] = mapped_column(default=False)
     tokens_in: Mapped[int] = mapped_column(Integer, default=0)
     tokens_out: Mapped[int] = mapped_column(Integer, default=0)
@@ -202,6 +204,23 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cur.close()
 
 
+def _add_missing_columns(engine: Engine) -> None:
+    """Columns added to a table after a store was created (nullable ones only): `create_all`
+    makes missing tables, never missing columns, and a workdir outlives kminer versions."""
+    found = inspect(engine)
+    tables = set(found.get_table_names())
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if table.name not in tables:
+                continue
+            have = {c["name"] for c in found.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have and column.nullable:
+                    kind = column.type.compile(dialect=engine.dialect)
+                    add = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"
+                    conn.exec_driver_sql(add)
+
+
 class Store:
     """All persistence of a workdir; stages call these methods, never SQL."""
 
@@ -213,6 +232,7 @@ class Store:
         from curation import curators, queue  # noqa: F401  (their tables join the metadata)
 
         Base.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
 
     @classmethod
     def open(cls, workdir: Path, url: str | None = None) -> Store:

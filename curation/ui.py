@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from curation import queue
 from curation import server as api
 from miner.candidate import Stage
+from testgen.testcode import TOLERANCES
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "prompts" / "ui"
 COLUMNS = [("kernel", "kernel"), ("op", "op"), ("outcome", "outcome")]
@@ -159,6 +160,7 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
         verify=verify,
         why_not=data["why_not_acceptable"],
         reasons=api.REJECT_REASONS,
+        tolerances=TOLERANCES,
         default_instruction="",
         source_html=highlight(cand.kernel.source),
         files=files,

@@ -14,6 +14,7 @@ from test_server_api import Served, fill, fresh_database
 
 from curation import curators
 from curation.store import Store
+from miner.candidate import Stage
 
 _PLACES = ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
 CHROMIUM = next((p for p in _PLACES if Path(p).is_file()), "")
@@ -42,7 +43,18 @@ def served(request, tmp_path):
     (tmp_path / "w" / "labels" / "c0000.cu").write_text("__global__ void kern0(float* x) {}\n")
     cand = store.get("c0000")
     cand.wrapper.label_path = "labels/c0000.cu"
+    case = {"id": "recorded_0", "shape": [[4, 7]], "dtype": "float32", "max_abs": 2e-7}
+    cand.stage(Stage.VERIFY).metrics["cases"] = [{**case, "max_rel": 1e-7, "ok": True}]
     store.save(cand)
+    store.add_attempt(
+        "c0000",
+        attempt=1,
+        step="inputs",
+        prompt="[kminer:inputs] kernel=kern0: write make_calls",
+        answer='{"strategy": "three sizes", "code": "def make_calls(): ..."}',
+        strategy="three sizes",
+        passed=True,
+    )
     tokens = {name: curators.add(store, name) for name in ("ann", "bob")}
     with Served(store, workdir=tmp_path / "w") as srv:
         yield srv, store, tokens
@@ -74,6 +86,9 @@ def test_curator_reviews_in_the_browser(browser, served):
     page.wait_for_url("**/c/c0000")
     assert page.inner_text("#kernel") == "kern0" and "kern0(float* x)" in page.inner_text("main")
     assert page.locator("pre span.kw", has_text="__global__").count() >= 1  # highlighted
+    assert "(0.0001, 0.0001)" in page.inner_text("#cases")  # the dtype's tolerance
+    page.click("details.attempt summary")
+    assert "[kminer:inputs] kernel=kern0" in page.inner_text("details.attempt")
     page.screenshot(path=str(ARTIFACTS / "candidate.png"), full_page=True)
     page.keyboard.press("a")  # accept
     page.wait_for_url("**/c/c0000?saved=1")

@@ -100,3 +100,15 @@ def test_review_writes_are_versioned_and_audited(store):
     assert trail[1]["before"] == first and trail[1]["after"] == second
     with pytest.raises(ValueError, match="not a review field"):
         store.write_review("k1", 2, "ann", "review", version=7)
+
+
+def test_a_store_from_before_a_column_existed_gets_it(tmp_path):
+    import sqlite3
+
+    Store.open(tmp_path).close()
+    with sqlite3.connect(tmp_path / "kminer.db") as db:  # as an older kminer left it
+        db.execute("ALTER TABLE wrap_attempts DROP COLUMN prompt")
+    store = Store.open(tmp_path)
+    store.add_attempt("k1", attempt=1, step="code", prompt="Write the host code.")
+    assert store.attempts("k1")[0]["prompt"] == "Write the host code."
+    store.close()

@@ -117,6 +117,7 @@ def record_attempt(
         template_hash=template_hash(template),
         prompt_hash=prompt_hash,
         answer=reply.text,
+        prompt=messages[-1]["content"] if messages else "",
         tokens_in=reply.tokens_in,
         tokens_out=reply.tokens_out,
         **fields,
