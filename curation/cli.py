@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,10 +18,6 @@ curator_app = typer.Typer(
 app.add_typer(curator_app, name="curator")
 
 
-def _store(workdir: Path | None, db: str | None):
-    return _open_store(workdir, db)
-
-
 @curator_app.command("add")
 def curator_add(
     name: Annotated[str, typer.Argument(help="The curator's name (shown in the audit trail).")],
@@ -32,7 +27,7 @@ def curator_add(
     """Add a curator and print their token (once: only its hash is kept)."""
     from curation import curators
 
-    store = _store(workdir, db)
+    store = _open_store(workdir, db)
     try:
         token = curators.add(store, name)
     except curators.CuratorError as exc:
@@ -48,7 +43,7 @@ def curator_list(workdir: WorkdirOpt = None, db: DbOpt = None) -> None:
     """The curators, and when each was added or revoked."""
     from curation import curators
 
-    store = _store(workdir, db)
+    store = _open_store(workdir, db)
     rows = curators.listing(store)
     store.close()
     for r in rows:
@@ -65,7 +60,7 @@ def curator_revoke(name: str, workdir: WorkdirOpt = None, db: DbOpt = None) -> N
     """Revoke a curator's token; their sessions end, their audit rows stay."""
     from curation import curators
 
-    store = _store(workdir, db)
+    store = _open_store(workdir, db)
     try:
         curators.revoke(store, name)
     except curators.CuratorError as exc:
@@ -90,7 +85,7 @@ def serve(
 
     from curation.server import create_app
 
-    store = _store(workdir, db)
+    store = _open_store(workdir, db)
     out.print(f"kminer review on http://{host}:{port}/", highlight=False)
     uvicorn.run(
         create_app(store, public_read=public_read), host=host, port=port, log_level="warning"

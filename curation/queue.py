@@ -123,7 +123,20 @@ def listing(store, filters: dict, sort: str = "kernel", page: int = 1) -> dict:
         rows = s.execute(
             q.order_by(order, QueueRow.cand_id).offset((page - 1) * PAGE_SIZE).limit(PAGE_SIZE)
         ).all()
-        counts = Counter()
+    items = []
+    for row, decision, version, url in rows:
+        item = {c.name: getattr(row, c.name) for c in QueueRow.__table__.columns}
+        item.update(id=row.cand_id, decision=decision, version=version or 0, repo=url or "")
+        item["updated_at"] = row.updated_at.isoformat()
+        items.append(item)
+    counts = decision_counts(store)
+    return {"items": items, "total": total, "page": page, "pages": pages, "counts": counts}
+
+
+def decision_counts(store) -> dict[str, int]:
+    """Candidates by decision over the whole store (never reviewed: pending)."""
+    counts = Counter()
+    with Session(store.engine) as s:
         for decision, n in s.execute(  # grouped by the bare column: Postgres binds a coalesce's
             select(ReviewRow.decision, func.count())  # default twice and then sees two groups
             .select_from(QueueRow)
@@ -131,14 +144,7 @@ def listing(store, filters: dict, sort: str = "kernel", page: int = 1) -> dict:
             .group_by(ReviewRow.decision)
         ).all():
             counts[decision or Decision.PENDING.value] += n
-    items = []
-    for row, decision, version, url in rows:
-        item = {c.name: getattr(row, c.name) for c in QueueRow.__table__.columns}
-        item.update(id=row.cand_id, decision=decision, version=version or 0, repo=url or "")
-        item["updated_at"] = row.updated_at.isoformat()
-        items.append(item)
-    counts = {d.value: counts.get(d.value, 0) for d in Decision}
-    return {"items": items, "total": total, "page": page, "pages": pages, "counts": counts}
+    return {d.value: counts.get(d.value, 0) for d in Decision}
 
 
 def neighbours(store, cand_id: str) -> tuple[str, str]:

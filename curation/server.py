@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from curation import curators, queue
@@ -206,21 +206,28 @@ def api_candidate(request: Request, cand_id: str, _: Reader):
     return detail(request.app.state.store, _candidate(request, cand_id))
 
 
+def _conflict(current: dict, base: int) -> HTTPException:
+    message = (
+        f"conflict: the candidate changed since version {base} "
+        f"(now {current['version']}, by {current['curator'] or 'nobody'})"
+    )
+    return HTTPException(409, {"message": message, "current": current})
+
+
 def _write(
     store: Store, cand_id: str, base: int, curator: str, action: str, changes=None, **fields
 ) -> dict:
     try:
         return store.write_review(cand_id, base, curator, action, changes, **fields)
     except VersionConflict as exc:
-        message = (
-            f"conflict: the candidate changed since version {base} "
-            f"(now {exc.current['version']}, by {exc.current['curator'] or 'nobody'})"
-        )
-        raise HTTPException(409, {"message": message, "current": exc.current}) from None
+        raise _conflict(exc.current, base) from None
 
 
-def apply_review(store: Store, cand, body: ReviewBody, curator: str) -> dict:
-    """The review write both the API and the forms make (HTTPException 409/422 when refused)."""
+# The writes the API and the forms share: (request, candidate, body, curator) -> the review after.
+# They raise HTTPException (409 a stale version, 422 a refused write).
+
+
+def apply_review(request: Request, cand, body: ReviewBody, curator: str) -> dict:
     if body.decision == "reject" and body.reason not in REJECT_REASONS:
         raise HTTPException(422, f"a rejection needs a reason, one of {', '.join(REJECT_REASONS)}")
     override = False
@@ -230,7 +237,7 @@ def apply_review(store: Store, cand, body: ReviewBody, curator: str) -> dict:
             raise HTTPException(422, f"cannot accept: {why} (an override must be asked for)")
         override = bool(why)
     return _write(
-        store,
+        request.app.state.store,
         cand.id,
         body.version,
         curator,
@@ -242,15 +249,12 @@ def apply_review(store: Store, cand, body: ReviewBody, curator: str) -> dict:
     )
 
 
-def api_review(request: Request, cand_id: str, body: ReviewBody, by: Writer):
-    return apply_review(request.app.state.store, _candidate(request, cand_id), body, by.name)
-
-
-def apply_instruction(store: Store, cand_id: str, body: InstructionBody, curator: str) -> dict:
+def apply_instruction(request: Request, cand, body: InstructionBody, curator: str) -> dict:
     fields = {"instruction": body.instruction}
     if body.instruction_complete is not None:
         fields["instruction_complete"] = body.instruction_complete
-    return _write(store, cand_id, body.version, curator, "edit_instruction", **fields)
+    store = request.app.state.store
+    return _write(store, cand.id, body.version, curator, "edit_instruction", **fields)
 
 
 class LabelBody(BaseModel):
@@ -258,15 +262,16 @@ class LabelBody(BaseModel):
     version: int = Field(ge=0)
 
 
-def apply_label(store: Store, workdir: Path | None, cand, body: LabelBody, curator: str) -> dict:
+def apply_label(request: Request, cand, body: LabelBody, curator: str) -> dict:
     """A curator's label is a new revision beside the old one (`labels/<id>.r<N>.cu`): the
     candidate points at it, its verdict is forgotten (testgen derives new wrong variants from
     it, verify runs again) and an accepted candidate goes back to pending until it passes."""
+    store, workdir = request.app.state.store, request.app.state.workdir
     if workdir is None:
         raise HTTPException(422, "this server has no workdir to write a label revision to")
     review = store.review(cand.id)
     if review["version"] != body.version:
-        _write(store, cand.id, body.version, curator, "edit_label")  # raises the 409
+        raise _conflict(review, body.version)
     folder = Path(workdir) / "labels"
     revision = len(list(folder.glob(f"{cand.id}.r*.cu"))) + 1
     rel = f"labels/{cand.id}.r{revision}.cu"
@@ -283,25 +288,32 @@ def apply_label(store: Store, workdir: Path | None, cand, body: LabelBody, curat
     return {**after, "label_path": rel}
 
 
-def api_label(request: Request, cand_id: str, body: LabelBody, by: Writer):
-    cand = _candidate(request, cand_id)
-    return apply_label(request.app.state.store, request.app.state.workdir, cand, body, by.name)
+WRITES = {  # what a form or an API call at .../{name} writes: (its body, the write)
+    "review": (ReviewBody, apply_review),
+    "instruction": (InstructionBody, apply_instruction),
+    "label": (LabelBody, apply_label),
+}
+
+
+def api_review(request: Request, cand_id: str, body: ReviewBody, by: Writer):
+    return apply_review(request, _candidate(request, cand_id), body, by.name)
 
 
 def api_instruction(request: Request, cand_id: str, body: InstructionBody, by: Writer):
-    _candidate(request, cand_id)
-    return apply_instruction(request.app.state.store, cand_id, body, by.name)
+    return apply_instruction(request, _candidate(request, cand_id), body, by.name)
+
+
+def api_label(request: Request, cand_id: str, body: LabelBody, by: Writer):
+    return apply_label(request, _candidate(request, cand_id), body, by.name)
 
 
 def api_stats(request: Request, _: Reader):
     store = request.app.state.store
     with Session(store.engine) as s:
         rows = s.execute(select(queue.QueueRow.outcome, queue.QueueRow.strategy)).all()
-        audited = s.scalar(select(func.count()).select_from(queue.QueueRow))
-    listing = queue.listing(store, {}, page=1)
     return {
-        "candidates": audited,
-        "decisions": listing["counts"],
+        "candidates": len(rows),
+        "decisions": queue.decision_counts(store),
         "outcomes": dict(Counter(o or "none" for o, _ in rows)),
         "strategies": dict(Counter(s or "none" for _, s in rows)),
     }

@@ -178,62 +178,20 @@ def _change(before: dict, after: dict) -> str:
     return "; ".join(f"{k}: {before.get(k)!r} → {after[k]!r}" for k in keys)
 
 
-async def review_form(request: Request, cand_id: str, by: api.Writer):
-    form = await request.form()
-    return _apply(
-        request,
-        cand_id,
-        lambda store, cand: api.apply_review(
-            store,
-            cand,
-            api.ReviewBody(
-                decision=form.get("decision", ""),
-                reason=form.get("reason", ""),
-                note=form.get("note", ""),
-                version=form.get("version", ""),
-                override=bool(form.get("override")),
-            ),
-            by.name,
-        ),
-    )
-
-
-async def instruction_form(request: Request, cand_id: str, by: api.Writer):
-    form = await request.form()
-    return _apply(
-        request,
-        cand_id,
-        lambda store, cand: api.apply_instruction(
-            store,
-            cand.id,
-            api.InstructionBody(
-                instruction=form.get("instruction", ""), version=form.get("version", "")
-            ),
-            by.name,
-        ),
-    )
-
-
-async def label_form(request: Request, cand_id: str, by: api.Writer):
-    form = await request.form()
-    return _apply(
-        request,
-        cand_id,
-        lambda store, cand: api.apply_label(
-            store,
-            request.app.state.workdir,
-            cand,
-            api.LabelBody(label=form.get("label", ""), version=form.get("version", "")),
-            by.name,
-        ),
-    )
+async def form_write(request: Request, cand_id: str, action: str, by: api.Writer):
+    """A form's write (review, instruction, label) through the API's own function for it."""
+    if action not in api.WRITES:
+        raise HTTPException(404, f"no action {action!r}")
+    body_type, write = api.WRITES[action]
+    fields = dict(await request.form())
+    fields["override"] = bool(fields.get("override"))  # a checkbox: present or not
+    return _apply(request, cand_id, lambda cand: write(request, cand, body_type(**fields), by.name))
 
 
 def _apply(request: Request, cand_id: str, write) -> HTMLResponse | RedirectResponse:
-    store = request.app.state.store
     cand = api._candidate(request, cand_id)
     try:
-        after = write(store, cand)
+        after = write(cand)
     except ValidationError as exc:
         first = exc.errors()[0]
         message = f"bad form: {'.'.join(map(str, first['loc']))}: {first['msg']}"
@@ -249,6 +207,4 @@ def install(app: FastAPI) -> None:
     app.get("/", response_class=HTMLResponse)(queue_page)
     app.get("/login", response_class=HTMLResponse)(login_page)
     app.get("/c/{cand_id}", response_class=HTMLResponse)(candidate_view)
-    app.post("/c/{cand_id}/review")(review_form)
-    app.post("/c/{cand_id}/instruction")(instruction_form)
-    app.post("/c/{cand_id}/label")(label_form)
+    app.post("/c/{cand_id}/{action}")(form_write)

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import tempfile
 from pathlib import Path
-
-import torch
 
 from miner.candidate import Candidate
 from testgen import llm_turns as turns
 from testgen.callcheck import MAX_CALLS, MAX_ELEMENTS, MIN_CALLS, MIN_SHAPES
-from testgen.sandbox import run_sandboxed
+from testgen.sandbox import run_checker
 from wrappers.llm.client import LLMClient
 
 TEMPLATE = "llm_inputs.v1.j2"
@@ -58,22 +54,9 @@ def param_kind(type_text: str) -> str:
 
 def run_calls(code: str, spec: list[dict]) -> list | str:
     """The calls `make_calls` returns (checked in the sandbox), or the problem with them."""
-    with tempfile.TemporaryDirectory(prefix="kminer-callcheck-") as tmp:
-        folder = Path(tmp)
-        (folder / "calls.py").write_text(code, encoding="utf-8")
-        (folder / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        argv = [sys.executable, str(CHECKER), "calls.py", "spec.json", "calls.pt", "out.json"]
-        done = run_sandboxed(argv, CHECK_TIMEOUT_S, cwd=folder)
-        if done.timed_out:
-            return f"`make_calls` took over {CHECK_TIMEOUT_S:.0f}s"
-        out = folder / "out.json"
-        if not out.is_file():
-            tail = "\n".join(done.stderr.strip().splitlines()[-6:])
-            return f"running `make_calls` crashed (exit {done.returncode}): {tail}"
-        problem = json.loads(out.read_text())["problem"]
-        if problem:
-            return problem
-        return torch.load(folder / "calls.pt", weights_only=True)
+    files = {"calls.py": code, "spec.json": json.dumps(spec)}
+    done = run_checker(CHECKER, files, "running `make_calls`", CHECK_TIMEOUT_S, ("calls.pt",))
+    return done if isinstance(done, str) else done["calls.pt"]
 
 
 def write_llm_calls(

@@ -19,16 +19,13 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import json
 import re
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
 from testgen import llm_turns as turns
-from testgen.sandbox import run_sandboxed
+from testgen.sandbox import run_checker
 from wrappers.llm.client import LLMClient
 
 TEMPLATE = "llm_reference.v1.j2"
@@ -119,21 +116,9 @@ def contract_problem(code: str, params: list[str]) -> str:
 
 def run_check(code: str, calls: list) -> str:
     """Run the code on the recorded calls in the sandbox: '' when it works, else the problem."""
-    import torch
-
-    with tempfile.TemporaryDirectory(prefix="kminer-refcheck-") as tmp:
-        folder = Path(tmp)
-        (folder / "reference.py").write_text(code, encoding="utf-8")
-        torch.save(calls, folder / "calls.pt")
-        argv = [sys.executable, str(CHECKER), "reference.py", "calls.pt", "out.json"]
-        done = run_sandboxed(argv, CHECK_TIMEOUT_S, cwd=folder)
-        if done.timed_out:
-            return f"running `reference` on the recorded calls took over {CHECK_TIMEOUT_S:.0f}s"
-        out = folder / "out.json"
-        if not out.is_file():
-            tail = "\n".join(done.stderr.strip().splitlines()[-6:])
-            return f"running `reference` crashed (exit {done.returncode}): {tail}"
-        return json.loads(out.read_text())["problem"]
+    files = {"reference.py": code, "calls.pt": calls}
+    done = run_checker(CHECKER, files, "running `reference` on the recorded calls", CHECK_TIMEOUT_S)
+    return done if isinstance(done, str) else ""
 
 
 def write_llm_reference(

@@ -85,3 +85,36 @@ def run_sandboxed(
                 os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             return SandboxResult(None, out, err, True, time.monotonic() - start)
+
+
+def run_checker(
+    script: Path, files: dict[str, object], what: str, timeout: float, outputs: tuple = ()
+) -> dict | str:
+    """Run a checker (`python SCRIPT FILE... OUTPUT... out.json`) in the sandbox, in a temp dir
+    holding `files` (a name's text, or a value it `torch.save`s). Returns the problem out.json
+    reports, or the checker's crash or timeout ("`what` took over..."); else {output name: what
+    the checker wrote there, loaded with `weights_only`}."""
+    import json
+    import sys
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="kminer-check-") as tmp:
+        folder = Path(tmp)
+        for name, value in files.items():
+            if isinstance(value, str):
+                (folder / name).write_text(value, encoding="utf-8")
+            else:
+                torch.save(value, folder / name)
+        argv = [sys.executable, str(script), *files, *outputs, "out.json"]
+        done = run_sandboxed(argv, timeout, cwd=folder)
+        if done.timed_out:
+            return f"{what} took over {timeout:.0f}s"
+        out = folder / "out.json"
+        if not out.is_file():
+            tail = "\n".join(done.stderr.strip().splitlines()[-6:])
+            return f"{what} crashed (exit {done.returncode}): {tail}"
+        problem = json.loads(out.read_text())["problem"]
+        if problem:
+            return problem
+        return {name: torch.load(folder / name, weights_only=True) for name in outputs}

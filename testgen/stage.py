@@ -128,18 +128,19 @@ def _llm_reference(cand, refs, base, label_text: str, sig, llm, workdir: Path):
     )
 
 
-def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[list, str]:
-    """(base calls, who made them) when the repository's tests never call the op: by rule,
-    else by the model; ([], why) when neither can."""
+def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[list, str, str]:
+    """(base calls, cases_source, who made them) when the repository's tests never call the
+    op: by rule, else by the model; ([], "", why) when neither can."""
     from testgen.llm_inputs import write_llm_calls
 
     if sig is None:
-        return [], "the host function has no signature to make inputs for"
+        return [], "", "the host function has no signature to make inputs for"
     made = rule_calls(cand, sig)
     if made:
-        return made, RULE_ORIGIN
+        return made, "rule", RULE_ORIGIN
     if llm is None:
-        return [], "no rule makes its inputs (not an element-wise rule wrapper) and no LLM is set"
+        why = "no rule makes its inputs (not an element-wise rule wrapper) and no LLM is set"
+        return [], "", why
     shown = None
     if not isinstance(found, str):
         lang = "python" if found.path.endswith(".py") else "cpp"
@@ -154,9 +155,9 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
         max_attempts=llm.max_attempts,
     )
     if isinstance(calls, str):
-        return [], calls
+        return [], "", calls
     by = f"`make_calls`, written by {llm.client.model} and checked in the sandbox"
-    return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], by
+    return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], "llm", by
 
 
 def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str, llm=None) -> None:
@@ -178,14 +179,13 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     sig = exposed_params(refs, function, label_text)
-    made_by, inputs_tried = "", False
+    source, made_by, inputs_tried = "mined", "", False
     if not base:
         inputs_tried = llm is not None
-        base, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
+        base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
         if not base:
             never = f"the repository's tests never call {python_fn or 'its op'}"
             why, made_by = [*(why or [never]), made_by], ""
-    source = "mined" if not made_by else ("rule" if made_by == RULE_ORIGIN else "llm")
     tried = llm is not None and isinstance(found, str) and bool(base)
     if tried:
         written = _llm_reference(cand, refs, base, label_text, sig, llm, workdir)

@@ -18,8 +18,8 @@ from testgen.callcheck import MAX_ELEMENTS
 from testgen.llm_inputs import param_kind, run_calls
 from testgen.made_inputs import RULE_SIZES, exposed_params, rule_calls
 from testgen.stage import generate_for
-from wrappers.label import render_label, unit_parts, with_wrapper_includes
 from wrappers.rule import rule_wrapper
+from wrappers.stage import rule_label
 
 KERNEL = "affine_forward_cuda_kernel"
 SPEC = [{"name": "x", "kind": "tensor"}, {"name": "n", "kind": "int"}]
@@ -64,22 +64,8 @@ def rule_candidate(refrepo, workdir):
     assert rule is not None
     cand.wrapper.functions = [f.name for f in rule.functions]
     source = (REFREPO / cand.kernel.file).read_text()
-    includes, device = unit_parts("#include <torch/extension.h>\n\n" + source)
-    label = render_label(
-        cand_id=cand.id,
-        kernel=KERNEL,
-        repo_url=cand.provenance.repo_url,
-        commit=cand.provenance.commit,
-        file=cand.kernel.file,
-        line=cand.kernel.line,
-        license="MIT",
-        strategy="rule",
-        launcher="",
-        includes=with_wrapper_includes(includes),
-        device_code=device,
-        host_code=rule.host_code,
-        functions=rule.functions,
-    )
+    cand.provenance.license = "MIT"
+    label = rule_label(cand, rule, "#include <torch/extension.h>\n\n" + source)
     (workdir / "labels").mkdir(exist_ok=True)
     (workdir / "labels" / f"{cand.id}.cu").write_text(label.text)
     cand.wrapper.label_path, cand.wrapper.label_hash = f"labels/{cand.id}.cu", label.hash

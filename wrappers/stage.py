@@ -54,11 +54,10 @@ def wrapper_version() -> str:
     )
 
 
-def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Label | None, str]:
-    """(label, strategy or why none): mined first, then the rule, else nothing (LLM later)."""
-    fk = ctx.found[cand.id]
+def _label_facts(cand: Candidate) -> dict:
+    """What every label's header says of its candidate."""
     prov = cand.provenance
-    common = dict(
+    return dict(
         cand_id=cand.id,
         kernel=cand.kernel.name,
         repo_url=prov.repo_url,
@@ -67,6 +66,26 @@ def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Labe
         line=cand.kernel.line,
         license=prov.license,
     )
+
+
+def rule_label(cand: Candidate, rule, unit_text: str) -> Label:
+    """The label of a rule wrapper: the unit's includes and device code, then the host code."""
+    includes, device = unit_parts(unit_text)
+    return render_label(
+        strategy="rule",
+        launcher="",
+        includes=with_wrapper_includes(includes),
+        device_code=device,
+        host_code=rule.host_code,
+        functions=rule.functions,
+        **_label_facts(cand),
+    )
+
+
+def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Label | None, str]:
+    """(label, strategy or why none): mined first, then the rule, else nothing (LLM later)."""
+    fk = ctx.found[cand.id]
+    common = _label_facts(cand)
     mined = mine_wrapper(fk, extractor, index)
     if mined is not None:
         cand.wrapper.launcher = mined.chain[0]
@@ -88,16 +107,7 @@ def _label_for(ctx: RunContext, cand: Candidate, extractor, index) -> tuple[Labe
     rule = rule_wrapper(cand)
     if rule is None:
         return None, "no_rule"
-    includes, device = unit_parts((ctx.workdir / cand.unit.path).read_text("latin-1"))
-    label = render_label(
-        strategy="rule",
-        launcher="",
-        includes=with_wrapper_includes(includes),
-        device_code=device,
-        host_code=rule.host_code,
-        functions=rule.functions,
-        **common,
-    )
+    label = rule_label(cand, rule, (ctx.workdir / cand.unit.path).read_text("latin-1"))
     cand.wrapper.template_id = RULE_TEMPLATE
     return label, "rule"
 
