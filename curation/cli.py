@@ -1,4 +1,4 @@
-"""`kminer curator add|list|revoke` and `kminer serve`, registered on miner.cli's app.
+"""`kminer curator add|list|revoke`, `serve`, `export` and `publish`, on miner.cli's app.
 
 `curator add` prints the token once, as the last word of its last line (scripts take it with
 `| tail -1 | awk '{print $NF}'`); the store keeps only its hash.
@@ -6,11 +6,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from miner.cli import DbOpt, WorkdirOpt, _fail, _open_store, app, out
+from miner.cli import (
+    AttemptsOpt,
+    BaseUrlOpt,
+    DbOpt,
+    LlmOpt,
+    ModelOpt,
+    WorkdirOpt,
+    _fail,
+    _llm_mode,
+    _open_store,
+    app,
+    out,
+)
 
 curator_app = typer.Typer(
     no_args_is_help=True, help="Curators of the review queue and their tokens."
@@ -90,3 +103,122 @@ def serve(
     uvicorn.run(
         create_app(store, public_read=public_read), host=host, port=port, log_level="warning"
     )
+
+
+@app.command()
+def export(
+    workdir: Annotated[
+        list[Path],
+        typer.Option(
+            "--workdir",
+            "-w",
+            help="A workdir to export (repeat for several: duplicates are found across all).",
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="The dataset folder to write.")],
+    allow_license: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-license",
+            help="Also export rows under this SPDX id (repeat; `unknown` allowed).",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--exclude",
+            help="A file or folder of "
+            "sources (a benchmark's kernels) whose n-grams keep a row out.",
+        ),
+    ] = None,
+    exclude_overlap: Annotated[
+        float, typer.Option(help="Share of a kernel's 10-grams found in --exclude that drops it.")
+    ] = 0.5,
+    near_dup_threshold: Annotated[
+        float, typer.Option(help="MinHash Jaccard at which two kernels are near duplicates.")
+    ] = 0.85,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            help="PATH=URL: the public URL of a repository mined from a local path (repeat).",
+        ),
+    ] = None,
+    shard_rows: Annotated[int, typer.Option(help="Rows per Parquet shard.")] = 1000,
+    llm: LlmOpt = None,
+    model: ModelOpt = None,
+    llm_base_url: BaseUrlOpt = None,
+    max_attempts: AttemptsOpt = 3,
+) -> None:
+    """Export accepted candidates as a Hugging Face dataset folder (Parquet, card, JSONL)."""
+    from curation.export import ExportError, Options
+    from curation.export import export as run_export
+
+    sources = {}
+    for item in source or []:
+        local, sep, url = item.partition("=")
+        if not sep or not local or not url:
+            raise _fail(f"--source {item!r}: expected PATH=URL", 2)
+        sources[local] = url
+    describe_with = None
+    if _llm_mode(llm, llm_base_url) == "openai":
+        from wrappers.llm.client import client_from_env
+
+        def describe_with(store):
+            return client_from_env(store, base_url=llm_base_url, model=model)
+
+    opts = Options(
+        workdirs=workdir,
+        out=out_dir,
+        allow_license=allow_license or [],
+        exclude=exclude or [],
+        overlap=exclude_overlap,
+        threshold=near_dup_threshold,
+        sources=sources,
+        shard_rows=max(1, shard_rows),
+        describe_with=describe_with,
+        max_attempts=max_attempts,
+    )
+    try:
+        report = run_export(opts, progress=lambda line: out.print(line, highlight=False))
+    except (ExportError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from None
+    dropped = ", ".join(f"{k} {n}" for k, n in report["dropped"].items()) or "none"
+    out.print(
+        f"{report['rows']} rows exported to {out_dir} from {report['accepted']} accepted "
+        f"(left out: {dropped}) in {report['seconds']:.1f} s",
+        highlight=False,
+    )
+    if report["rows"] == 0:
+        raise _fail(f"nothing exported: see {out_dir}/export_report.json")
+
+
+@app.command()
+def publish(
+    folder: Annotated[Path, typer.Argument(help="A folder written by `kminer export`.")],
+    repo_id: Annotated[str, typer.Option("--repo-id", help="OWNER/NAME on the Hub.")],
+    private: Annotated[
+        bool, typer.Option("--private", help="Create the repository private.")
+    ] = False,
+    revision: Annotated[str | None, typer.Option("--revision", help="Branch to push to.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the operations, push nothing.")
+    ] = False,
+) -> None:
+    """Push an exported dataset to the Hugging Face Hub (token: HF_TOKEN or a saved login)."""
+    from curation.publish import PublishError, plan
+    from curation.publish import publish as push
+
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise _fail(f"--repo-id {repo_id!r}: expected OWNER/NAME", 2)
+    try:
+        if dry_run:
+            for line in plan(folder, repo_id, private, revision):
+                print(line)
+            return
+        url = push(folder, repo_id, private=private, revision=revision)
+    except PublishError as exc:
+        raise _fail(str(exc)) from None
+    except Exception as exc:  # the Hub's errors: one line
+        raise _fail(f"publish failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    out.print(f"published {folder} to {url}", highlight=False)

@@ -262,6 +262,13 @@ class Store:
             q = q.where(RepoRow.id == repo_id) if repo_id else q.order_by(RepoRow.updated_at.desc())
             return s.scalars(q).first()
 
+    def repos(self) -> list[RepoRow]:
+        with Session(self.engine) as s:
+            rows = list(s.scalars(select(RepoRow).order_by(RepoRow.id)))
+            for row in rows:
+                s.expunge(row)
+            return rows
+
     def set_discovery(self, repo_id: int, info: dict) -> None:
         with Session(self.engine) as s:
             row = s.get(RepoRow, repo_id)
@@ -445,6 +452,17 @@ class Store:
             return [
                 {c.name: getattr(r, c.name) for c in AttemptRow.__table__.columns} for r in rows
             ]
+
+    def passed_attempts(self, step: str) -> dict[str, dict]:
+        """candidate id → the parsed answer of its latest passed attempt at `step` (one query,
+        for an export of many candidates)."""
+        with Session(self.engine) as s:
+            q = select(AttemptRow.cand_id, AttemptRow.parsed).where(
+                AttemptRow.step == step, AttemptRow.passed.is_(True)
+            )
+            return {
+                cand_id: parsed or {} for cand_id, parsed in s.execute(q.order_by(AttemptRow.id))
+            }
 
     # runs -----------------------------------------------------------------------------------
     def start_run(self, command: str) -> int:

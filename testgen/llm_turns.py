@@ -68,9 +68,10 @@ def ask_checked(
     context: dict,
     check: Callable[[str], str],
     max_attempts: int,
+    field: str = "code",
 ) -> Answer | str:
-    """The first answer whose code `check` passes (check returns '' or the problem), or the
-    reason there is none (an `llm: ...` line)."""
+    """The first answer whose `field` (its code, or a description) `check` passes (check
+    returns '' or the problem), or the reason there is none (an `llm: ...` line)."""
     messages = render_messages(template, **context)
     logged = {(a["step"], a["prompt_hash"], a["passed"]) for a in store.attempts(cand.id)}
     problem = ""
@@ -81,7 +82,7 @@ def ask_checked(
             )
         except LLMUnavailable as exc:
             return f"llm: {exc}"
-        code, strategy, problem = _judge(reply.text, check)
+        code, strategy, problem = _judge(reply.text, check, field)
         record_attempt(
             store,
             cand.id,
@@ -91,7 +92,7 @@ def ask_checked(
             template,
             messages,
             reply,
-            parsed={"strategy": strategy, "code": code},
+            parsed={"strategy": strategy, field: code},
             strategy=strategy,
             build_log=problem,
             passed=not problem,
@@ -112,13 +113,13 @@ def ask_checked(
     return f"llm: no usable {step} after {max_attempts} answers: {problem.splitlines()[0]}"
 
 
-def _judge(text: str, check: Callable[[str], str]) -> tuple[str, str, str]:
-    """(code, strategy, problem) of one answer."""
+def _judge(text: str, check: Callable[[str], str], field: str) -> tuple[str, str, str]:
+    """(the field's text, strategy, problem) of one answer."""
     try:
         obj = parse_object(text)
     except AnswerError as exc:
         return "", "", str(exc)
-    code, strategy = obj.get("code"), str(obj.get("strategy", ""))
+    code, strategy = obj.get(field), str(obj.get("strategy", ""))
     if not isinstance(code, str) or not code.strip():
-        return "", strategy, 'the object needs a non-empty string "code"'
+        return "", strategy, f'the object needs a non-empty string "{field}"'
     return code, strategy, check(code)

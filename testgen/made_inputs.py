@@ -18,7 +18,7 @@ import torch
 from miner.candidate import Candidate
 from testgen.cases import BaseCall
 from testgen.llm_inputs import param_kind
-from wrappers.signature import parse_signature
+from wrappers.signature import Signature, parse_signature
 
 RULE_SIZES = (1000, 37, 4099)
 RULE_SCALARS = (1.25, -0.5, 2.0, 0.75, 3.0)
@@ -42,16 +42,18 @@ def exposed_params(refs, function: str, label_text: str) -> list[tuple[str, str]
     the label (a rule or model wrapper, bound as `m.def("function", &impl)`)."""
     item = refs.definition(function)
     sig = refs.signature(item) if item else None
-    if sig is None:
-        bound = re.search(rf'm\.def\(\s*"{re.escape(function)}"\s*,\s*&?\s*([\w:]+)', label_text)
-        impl = bound.group(1).split("::")[-1] if bound else function
-        head = re.search(
-            rf"^[ \t]*[\w:<>,*& \t]*?[\w>*&]\s+{re.escape(impl)}\s*\(", label_text, re.M
-        )
-        sig = parse_signature(label_text[head.start() :], impl) if head else None
+    sig = sig or label_signature(function, label_text)
     if sig is None or not all(n for _, n in sig.params):
         return None
     return list(sig.params)
+
+
+def label_signature(function: str, label_text: str) -> Signature | None:
+    """The signature of the C++ function a label binds as `m.def("function", &impl)`."""
+    bound = re.search(rf'm\.def\(\s*"{re.escape(function)}"\s*,\s*&?\s*([\w:]+)', label_text)
+    impl = bound.group(1).split("::")[-1] if bound else function
+    head = re.search(rf"^[ \t]*[\w:<>,*& \t]*?[\w>*&]\s+{re.escape(impl)}\s*\(", label_text, re.M)
+    return parse_signature(label_text[head.start() :], impl) if head else None
 
 
 def _element_dtype(cand: Candidate, name: str) -> torch.dtype | None:

@@ -1,0 +1,198 @@
+"""The two instructions of a dataset row, written by rule from what kminer knows of a candidate.
+
+`instruction_complete` is the full task: the kernel to write and its parameters with their
+roles, template parameters and dtypes, the repository's launch configuration, the host function
+the test calls and its signature, the tensor shapes of a real case, the tolerances, and what the
+kernel computes (a model's description when one was made, else the repository's own comment or
+docstring). `instruction` is cut from it by fixed rules and no model, as BigCodeBench derives
+its Instruct prompts from its Complete ones, so an edit to the complete text carries over. A
+curator's edit of either wins (`effective`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from miner.candidate import Candidate, Stage
+from testgen.made_inputs import label_signature
+from testgen.testcode import TOLERANCES
+
+SECTIONS = ("What it computes", "Kernel", "Binding", "Constraints")
+_POINTER = re.compile(r"\*")
+
+
+@dataclass
+class Description:
+    text: str
+    source: str  # llm | comment | docstring | ""
+
+
+@dataclass
+class Instructions:
+    instruction: str
+    instruction_complete: str
+    description_source: str
+    edited: bool  # a curator's text, not the generated one
+
+
+def function_of(cand: Candidate) -> str:
+    """The host function the test calls (the one the label binds)."""
+    return (cand.wrapper.functions or [cand.wrapper.launcher or cand.kernel.name])[0]
+
+
+def _role(param_type: str, templates: set[str]) -> str:
+    if _POINTER.search(param_type):
+        return "input, read only" if re.search(r"\bconst\b", param_type) else "output (written)"
+    base = param_type.replace("const", "").strip()
+    return "template-typed scalar" if base in templates else "scalar"
+
+
+def _kernel_head(cand: Candidate) -> str:
+    """The kernel's declaration as written (template header included), without its body."""
+    head = cand.kernel.source.split("{", 1)[0]
+    return " ".join(head.split())
+
+
+def _shapes(cand: Candidate, tensor_names: list[str]) -> str:
+    verify = cand.stage(Stage.VERIFY)
+    cases = (verify.metrics.get("cases") or []) if verify else []
+    if not cases or not tensor_names:
+        return ""
+    shapes = cases[0].get("shape") or []
+    if len(shapes) != len(tensor_names):
+        return ""
+    return "; ".join(f"`{n}` {list(s)}" for n, s in zip(tensor_names, shapes, strict=True))
+
+
+def complete_text(cand: Candidate, label_text: str, description: Description) -> str:
+    """The structured task, in markdown sections that `derive_instruction` reads back."""
+    k, function = cand.kernel, function_of(cand)
+    templates = {tp.name for tp in k.template_params if tp.kind == "type"}
+    lines = [
+        f"Write the CUDA kernel `{k.name}` and the host function `{function}` that launches it, "
+        "as one .cu file that torch.utils.cpp_extension builds.",
+        "",
+        "## What it computes",
+        description.text.strip()
+        or "The repository gives no description; the test's CPU reference defines the result.",
+        "",
+        "## Kernel",
+        f"`{_kernel_head(cand)}`",
+    ]
+    for tp in k.template_params:
+        what = (
+            f"type parameter, instantiated for {', '.join(cand.unit.compiled_types)}"
+            if (tp.kind == "type" and cand.unit.compiled_types)
+            else f"{tp.kind} parameter"
+        )
+        lines.append(f"- `{tp.name}` ({what})")
+    for p in k.params:
+        lines.append(f"- `{p.name}` (`{p.type}`): {_role(p.type, templates)}")
+    chevrons = [s for s in cand.launches if s.kind == "chevron" and s.config]
+    if chevrons:
+        site = chevrons[0]
+        lines.append(
+            f"Launched in the repository as `<<<{site.config}>>>`"
+            + (f" from `{site.caller}`." if site.caller else ".")
+        )
+    sig = label_signature(function, label_text) if label_text else None
+    lines += ["", "## Binding"]
+    if sig is not None:
+        params = ", ".join(f"{t} {n}".strip() for t, n in sig.params)
+        lines.append(
+            f"`{sig.returns} {function}({params})`, bound with "
+            f'`m.def("{function}", ...)` in `PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`.'
+        )
+        tensors = [n for t, n in sig.params if "Tensor" in t]
+        shapes = _shapes(cand, tensors)
+        if shapes:
+            lines.append(f"Tensor shapes in the first test case: {shapes}.")
+    else:
+        lines.append(
+            f'`{function}`, bound with `m.def("{function}", ...)` in '
+            "`PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)`."
+        )
+    lines += ["", "## Constraints"]
+    if cand.tests.dtypes:
+        lines.append(f"- dtypes: {', '.join(cand.tests.dtypes)}")
+    lines.append(
+        "- Tensors are contiguous CUDA tensors; the kernel writes its outputs into the "
+        "tensors passed in (or returns them), as the repository's function does."
+    )
+    tols = [
+        f"{d} rtol={TOLERANCES[d][0]} atol={TOLERANCES[d][1]}"
+        for d in cand.tests.dtypes
+        if d in TOLERANCES
+    ]
+    if tols:
+        lines.append(
+            f"- Floating outputs must match the CPU reference within {'; '.join(tols)} "
+            "(atol scaled by the output's largest value); integer outputs exactly."
+        )
+    if cand.tests.num_cases:
+        lines.append(
+            f"- The test runs {cand.tests.num_cases} cases over {cand.tests.num_shapes} "
+            "shapes, including sizes that are not a multiple of the block size."
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _sections(text: str) -> tuple[str, dict[str, str]]:
+    parts = re.split(r"^## +(.+?)\s*$", text, flags=re.M)
+    return parts[0].strip(), {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+
+
+def _first_sentence(text: str) -> str:
+    flat = " ".join(text.split())
+    m = re.match(r"(.+?[.!?])(\s|$)", flat)
+    return (m.group(1) if m else flat)[:400]
+
+
+def derive_instruction(complete: str) -> str:
+    """The short, natural instruction: the task line, the first sentence of the description,
+    the signature to expose and the dtypes; any free text falls back to its first paragraph."""
+    title, sections = _sections(complete)
+    if not title or not sections:
+        return complete.strip().split("\n\n", 1)[0].strip()
+    out = [title]
+    what = sections.get("What it computes", "")
+    if what and not what.startswith("The repository gives no description"):
+        out.append(
+            "It " + _lower_first(_first_sentence(what))
+            if _starts_verb(what)
+            else _first_sentence(what)
+        )
+    binding = re.search(r"`([^`]+\([^`]*\))`", sections.get("Binding", ""))
+    if binding:
+        out.append(f"Expose `{binding.group(1)}` with pybind11.")
+    dtypes = re.search(r"^- dtypes: (.+)$", sections.get("Constraints", ""), re.M)
+    if dtypes:
+        out.append(f"It must support {dtypes.group(1)}.")
+    return " ".join(out)
+
+
+def _starts_verb(text: str) -> bool:
+    word = text.split(maxsplit=1)[0] if text.split() else ""
+    return word.lower().endswith("s") and word[:1].isupper() and not word.lower().endswith("ss")
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
+def effective(
+    cand: Candidate, review: dict, label_text: str, description: Description
+) -> Instructions:
+    """The row's instructions: a curator's edit of either wins; an unedited `instruction` is
+    derived from the (possibly edited) complete one."""
+    complete = review.get("instruction_complete") or complete_text(cand, label_text, description)
+    short = review.get("instruction") or derive_instruction(complete)
+    edited = bool(review.get("instruction_complete") or review.get("instruction"))
+    return Instructions(short, complete, description.source, edited)
+
+
+def read_label(workdir: Path, cand: Candidate) -> str:
+    path = workdir / cand.wrapper.label_path if cand.wrapper.label_path else None
+    return path.read_text(encoding="utf-8", errors="replace") if path and path.is_file() else ""
