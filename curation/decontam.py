@@ -4,7 +4,8 @@
 evaluates on, e.g. a benchmark's kernels. A row whose kernel shares at least `overlap` of its
 distinct 10-token n-grams with them is dropped: long n-grams rarely recur by chance in code,
 while a copied kernel keeps most of its n-grams even after renames and reformatting. Comments
-are ignored on both sides.
+are ignored on both sides, and string literals are read as code (benchmarks such as KernelBench
+keep their CUDA sources in Python strings).
 """
 
 from __future__ import annotations
@@ -43,14 +44,14 @@ class Excluded:
                 if b"\0" in data[:4096]:
                     continue
                 found.files.append(str(f))
-                for g in _grams(tokens(data.decode("utf-8", errors="replace"))):
+                for g in _grams(tokens(data.decode("utf-8", errors="replace"), strings=False)):
                     found.grams.setdefault(g, str(f))
         return found
 
     def match(self, source: str, overlap: float = DEFAULT_OVERLAP) -> tuple[float, str]:
         """(share of the source's n-grams found, the file most of them come from) when the
         share reaches `overlap`, else (share, '')."""
-        grams = _grams(tokens(source))
+        grams = _grams(tokens(source, strings=False))
         if not grams or not self.grams:
             return 0.0, ""
         hits = [self.grams[g] for g in grams if g in self.grams]

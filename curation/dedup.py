@@ -7,8 +7,9 @@ and whitespace are gone, and near duplicates when the Jaccard similarity of thei
 shingles reaches the threshold (0.85 by default: mmcv's forward/backward twins and its DCNv1/v2
 kernels sit at 0.75-0.87). MinHash (128 permutations, LSH in 32 bands of 4 rows) proposes the
 pairs worth comparing, so the work grows with the rows, not their pairs. Of each group one row
-stays: the best tested (kill rate, cases, shapes), then the first by id; every other row names
-the one it duplicates.
+stays: the best tested (kill rate, cases, shapes), then the one from the workdir given first
+(the original, when the user lists it first), then the first by id; every other row names the
+one it duplicates.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ _MASKS = (
 )  # one per permutation: h_i(x) = mix(x ^ mask_i), a splitmix64 finaliser (wraps mod 2^64)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_CODE_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\S")
 
 
-def tokens(source: str) -> list[str]:
-    """C/C++/CUDA tokens of `source`, comments dropped."""
-    return _TOKEN.findall(_COMMENTS.sub(" ", source))
+def tokens(source: str, strings: bool = True) -> list[str]:
+    """C/C++/CUDA tokens of `source`, comments dropped; with strings=False a string literal is
+    read as code too (benchmarks keep their CUDA sources in Python strings)."""
+    return (_TOKEN if strings else _CODE_TOKEN).findall(_COMMENTS.sub(" ", source))
 
 
 def exact_key(source: str) -> str:
@@ -67,7 +70,8 @@ class _Groups:
 
 
 def _rank(row: dict) -> tuple:
-    return (-(row.get("kill_rate") or 0.0), -row["num_cases"], -row["num_shapes"], row["id"])
+    quality = (-(row.get("kill_rate") or 0.0), -row["num_cases"], -row["num_shapes"])
+    return (*quality, row.get("order", 0), row["id"])
 
 
 def shingles(toks: Sequence[str]) -> set[str]:

@@ -204,8 +204,10 @@ def _rows(picks: list[_Pick], model_text: dict[str, str]):
 
 def _write_shards(rows, total: int, stage: Path, shard_rows: int) -> list[dict]:
     """Parquet shards under stage/data and train.jsonl; the rows' light fields for the card."""
+    import datasets
     from datasets import Dataset
 
+    datasets.disable_progress_bars()
     (stage / "data").mkdir(parents=True)
     shards = max(1, -(-total // shard_rows))
     light, batch, index = [], [], 0
@@ -214,7 +216,8 @@ def _write_shards(rows, total: int, stage: Path, shard_rows: int) -> list[dict]:
         def flush() -> None:
             nonlocal index, batch
             name = stage / "data" / f"train-{index:05d}-of-{shards:05d}.parquet"
-            Dataset.from_list(batch, features=FEATURES).to_parquet(str(name))
+            columns = {key: [row[key] for row in batch] for key in FEATURES}  # [] when empty
+            Dataset.from_dict(columns, features=FEATURES).to_parquet(str(name))
             index, batch = index + 1, []
 
         for row in rows:
@@ -255,8 +258,10 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
     drops: list[dict] = []
     try:
         picks, funnels = [], []
-        for workdir, store in stores:
+        for order, (workdir, store) in enumerate(stores):
             mine = _picks(store, workdir, opts, drops)
+            for p in mine:
+                p.summary["order"] = order
             found = funnel(store)
             found["repo"] = found.get("repo") or {"url": "", "commit": "", "license": ""}
             found["repo"]["public_url"] = public_url(found["repo"]["url"], opts.sources)

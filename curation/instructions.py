@@ -21,6 +21,10 @@ from testgen.testcode import TOLERANCES
 
 SECTIONS = ("What it computes", "Kernel", "Binding", "Constraints")
 _POINTER = re.compile(r"\*")
+_ARITHMETIC = re.compile(
+    r"(unsigned |signed )?(bool|char|short|int|long|long long|float|double|half|__half|"
+    r"size_t|u?int(8|16|32|64)_t|at::Half|c10::Half|scalar_t|index_t|int64|int32)"
+)
 
 
 @dataclass
@@ -45,8 +49,10 @@ def function_of(cand: Candidate) -> str:
 def _role(param_type: str, templates: set[str]) -> str:
     if _POINTER.search(param_type):
         return "input, read only" if re.search(r"\bconst\b", param_type) else "output (written)"
-    base = param_type.replace("const", "").strip()
-    return "template-typed scalar" if base in templates else "scalar"
+    base = " ".join(re.sub(r"\bconst\b", " ", param_type).split())
+    if base in templates:
+        return "template-typed scalar"
+    return "scalar" if _ARITHMETIC.fullmatch(base) else "passed by value"
 
 
 def _kernel_head(cand: Candidate) -> str:

@@ -96,6 +96,13 @@ def _text(workdir: Path, rel: str) -> str:
     return path.read_text(encoding="utf-8", errors="replace") if path and path.is_file() else ""
 
 
+def _utc(stamp: str | None) -> str:
+    """ISO 8601 with its zone: the store keeps naive UTC times."""
+    if not stamp:
+        return ""
+    return stamp if stamp.endswith("Z") or "+" in stamp[10:] else stamp + "+00:00"
+
+
 def build_row(
     cand: Candidate,
     review: dict,
@@ -137,6 +144,6 @@ def build_row(
         "description_source": inst.description_source,
         "instruction_edited": inst.edited,
         "curator": review.get("curator", ""),
-        "reviewed_at": review.get("reviewed_at") or "",
+        "reviewed_at": _utc(review.get("reviewed_at")),
         "kminer_version": __version__,
     }

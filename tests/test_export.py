@@ -1,0 +1,395 @@
+"""Export of accepted candidates as a Hugging Face dataset, and publish --dry-run.
+
+The stores are built from the fixture repositories under tests/fixtures/export: discovered for
+real, each kernel given a label, a test and a reference file and a passing verification, then
+accepted by a curator. The export runs through the real CLI; the rows are loaded back with
+`datasets` both ways and compared field by field with the store and the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from curation import dedup
+from curation.card import read_header
+from curation.export import Drop, ExportError, Options, export
+from curation.instructions import derive_instruction
+from curation.rows import FEATURES
+from curation.store import Decision, Store
+from miner import __version__
+from miner.candidate import Provenance, Stage, StageResult, Status
+from miner.clone import folder_commit
+from miner.discover import discover
+from miner.license import detect_license
+from miner.stages import to_candidate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "export"
+SECRETS = {"HF_TOKEN": "hf_SeCrEt0123456789abcdef", "OPENAI_API_KEY": "sk-SeCrEt9876543210"}
+
+
+def label_for(cand) -> str:
+    fn = cand.kernel.name.removesuffix("_kernel")
+    return (
+        "#include <torch/extension.h>\n\n"
+        f"{cand.kernel.source}\n\n"
+        f"void {fn}(torch::Tensor input, torch::Tensor output) {{\n"
+        f"  // launches {cand.kernel.name} over input.numel() elements\n}}\n\n"
+        f'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("{fn}", &{fn}); }}\n'
+    )
+
+
+def build_workdir(repo: Path, workdir: Path, url: str | None = None) -> Store:
+    """A store as `kminer mine` + verify + a curator would leave it: every kernel accepted."""
+    disc = discover(repo)
+    license_id, _ = detect_license(repo)
+    url = url or f"https://example.org/{repo.name}"
+    commit = folder_commit(repo)
+    store = Store.open(workdir)
+    repo_id = store.upsert_repo(url, commit, license=license_id, root=str(repo))
+    for fk in disc.kernels:
+        cand = to_candidate(fk, disc, Provenance(repo_url=url, commit=commit, license=license_id))
+        fn = cand.kernel.name.removesuffix("_kernel")
+        files = {
+            f"labels/{cand.id}.cu": label_for(cand),
+            f"tests/{cand.id}.py": f'"""kminer test for {cand.kernel.name}."""\nFUNCTION = "{fn}"\n',
+            f"references/{cand.id}.cpp": f"void {fn}_cpu(at::Tensor input, at::Tensor output);\n",
+        }
+        for rel, text in files.items():
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / rel).write_text(text)
+        cand.wrapper.strategy, cand.wrapper.functions = "mined", [fn]
+        cand.wrapper.label_path = f"labels/{cand.id}.cu"
+        cand.reference.kind, cand.reference.path = "cpp", f"references/{cand.id}.cpp"
+        cand.unit.compiled_types = ["float", "double"] if cand.kernel.templated else []
+        cand.tests.path, cand.tests.cases_source = f"tests/{cand.id}.py", "mined"
+        cand.tests.num_cases, cand.tests.num_shapes = 7, 3
+        cand.tests.dtypes = ["float32", "float64"] if cand.kernel.templated else ["float32"]
+        metrics = {"outcome": "pass", "kill_rate": 1.0, "kernel_time_us": 12.5,
+                   "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0",
+                   "nvcc": "13.0.88", "cases": [{"id": "recorded_0", "shape": [[1000], [1000]]}]}  # fmt: skip
+        cand.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+        store.save(cand, repo_id)
+        store.write_review(cand.id, 0, "ann", "accept", decision=Decision.ACCEPTED)
+    return store
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    out = {}
+    for name in ("alpha", "beta", "gamma", "nolicense"):
+        build_workdir(FIXTURES / name, base / name).close()
+        out[name] = base / name
+    return out
+
+
+def kminer(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "miner.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def exported(workdirs, tmp_path_factory):
+    """alpha + beta + gamma exported through the CLI with the benchmark excluded."""
+    out = tmp_path_factory.mktemp("dataset")
+    args = ["export", "-w", str(workdirs["alpha"]), "-w", str(workdirs["beta"]), "-w",
+            str(workdirs["gamma"]), "--out", str(out), "--exclude", str(FIXTURES / "benchmark")]  # fmt: skip
+    done = kminer(*args, env=SECRETS)
+    assert done.returncode == 0, done.stderr
+    assert "3 rows exported" in done.stdout, done.stdout
+    return out
+
+
+def by_kernel(workdir: Path) -> dict:
+    store = Store.open(workdir)
+    found = {(c.kernel.name, c.kernel.file): c for c in store.iter_candidates()}
+    store.close()
+    return found
+
+
+def test_rows_load_back_identically_and_match_the_store(exported, workdirs, tmp_path):
+    from datasets import load_dataset
+
+    by_folder = load_dataset(str(exported), split="train", cache_dir=str(tmp_path / "a"))
+    by_parquet = load_dataset("parquet", data_dir=str(exported / "data"), split="train",
+                              cache_dir=str(tmp_path / "b"))  # fmt: skip
+    assert by_folder.features == by_parquet.features == FEATURES
+    assert by_folder.to_list() == by_parquet.to_list()
+    rows = {r["kernel_name"]: r for r in by_folder.to_list()}
+    assert set(rows) == {"bias_leaky_relu_kernel", "clamp_kernel", "softplus_kernel"}
+    jsonl = [json.loads(line) for line in (exported / "train.jsonl").read_text().splitlines()]
+    assert jsonl == by_folder.to_list()
+    alpha = by_kernel(workdirs["alpha"])
+    cand = alpha[("bias_leaky_relu_kernel", "ops/bias_act.cu")]
+    row = rows["bias_leaky_relu_kernel"]
+    wd = workdirs["alpha"]
+    assert row["id"] == cand.id and row["repo"] == "https://example.org/alpha"
+    assert row["label"] == (wd / cand.wrapper.label_path).read_text()
+    assert row["test_code"] == (wd / cand.tests.path).read_text()
+    assert row["reference_code"] == (wd / cand.reference.path).read_text()
+    assert (row["commit"], row["path"]) == (cand.provenance.commit, "ops/bias_act.cu")
+    assert (row["line_start"], row["line_end"]) == (cand.kernel.start_line, cand.kernel.end_line)
+    assert (row["filename"], row["license"], row["op"]) == ("bias_act.cu", "MIT", "bias_leaky_relu")
+    assert row["dtypes"] == ["float32", "float64"] and (row["num_cases"], row["num_shapes"]) == (
+        7,
+        3,
+    )
+    assert (row["kill_rate"], row["kernel_time_us"]) == (1.0, 12.5)
+    assert row["toolchain"] == {"nvcc": "13.0.88", "torch": "2.11.0+cu130", "cuda": "13.0"}
+    assert (row["strategy"], row["cases_source"], row["reference_kind"]) == (
+        "mined",
+        "mined",
+        "cpp",
+    )
+    assert row["curator"] == "ann" and row["reviewed_at"].endswith("+00:00")
+    assert row["kminer_version"] == __version__ and row["instruction_edited"] is False
+    # the repository's comment above the kernel is the description, carried into both texts
+    assert row["description_source"] == "comment"
+    assert "per-channel bias" in row["instruction_complete"]
+    assert "`slope` (`float`): scalar" in row["instruction_complete"]
+    assert "`output` (`T* __restrict__`): output (written)" in row["instruction_complete"]
+    assert row["instruction"] == derive_instruction(row["instruction_complete"])
+    assert row["instruction"].startswith("Write the CUDA kernel `bias_leaky_relu_kernel`")
+    assert (
+        "launches it, as one .cu file that torch.utils.cpp_extension builds. It adds a per-channel bias"
+        in row["instruction"]
+    )
+    assert (
+        "Expose `void bias_leaky_relu(torch::Tensor input, torch::Tensor output)`"
+        in row["instruction"]
+    )
+
+
+def test_copies_across_repositories_collapse_to_one_row(exported, workdirs):
+    report = json.loads((exported / "export_report.json").read_text())
+    drops = {(d["kernel"], d["repo"]): d for d in report["drops"]}
+    alpha = by_kernel(workdirs["alpha"])
+    near = drops[("bias_leaky_relu_kernel", "https://example.org/beta")]
+    assert near["reason"] == Drop.NEAR_DUPLICATE and 0.85 <= float(near["detail"].split()[1]) < 1
+    assert near["kept"] == alpha[("bias_leaky_relu_kernel", "ops/bias_act.cu")].id
+    exact = drops[("clamp_kernel", "https://example.org/beta")]
+    assert exact["reason"] == Drop.DUPLICATE  # only comments and whitespace differ
+    assert exact["kept"] == alpha[("clamp_kernel", "ops/clamp.cu")].id
+
+
+def test_license_filter_and_exclude_leave_rows_out_with_their_reasons(exported, workdirs, tmp_path):
+    report = json.loads((exported / "export_report.json").read_text())
+    reasons = {d["kernel"]: (d["reason"], d["detail"]) for d in report["drops"]}
+    assert reasons["row_max_kernel"][0] == Drop.LICENSE
+    assert "GPL-3.0-only is not permissive" in reasons["row_max_kernel"][1]
+    assert reasons["saxpy_kernel"][0] == Drop.CONTAMINATED
+    assert "level1_saxpy.py" in reasons["saxpy_kernel"][1]
+    assert report["dropped"] == {"license": 1, "contaminated": 1, "near_duplicate": 1,
+                                 "duplicate": 1}  # fmt: skip
+    # without --exclude and with GPL allowed, both come back
+    opts = Options(workdirs=[workdirs["beta"], workdirs["gamma"]], out=tmp_path / "o",
+                   allow_license=["GPL-3.0-only"])  # fmt: skip
+    again = export(opts)
+    assert again["rows"] == 5 and again["dropped"] == {}  # beta's 4 kernels and gamma's
+
+
+def test_card_header_parses_and_its_numbers_match_the_rows(exported):
+    from datasets import load_dataset
+
+    text = (exported / "README.md").read_text()
+    head = read_header(text)
+    rows = load_dataset(str(exported), split="train").to_list()
+    assert sorted(head["license"]) == ["apache-2.0", "mit"]
+    assert head["size_categories"] == ["n<1K"] and "cuda" in head["tags"]
+    assert head["task_categories"] == ["text-generation"]
+    assert head["configs"][0]["data_files"] == [{"split": "train", "path": "data/train-*.parquet"}]
+    assert [f["name"] for f in head["dataset_info"]["features"]] == list(FEATURES)
+    assert f"\n{len(rows)} CUDA kernels cut from 2 open-source repositories" in text
+    assert "| https://example.org/alpha | 2 | " in text  # found, ... exported
+    funnel = [ln.split("|") for ln in text.splitlines() if ln.startswith("| https://example.org/")]
+    exported_col = {cells[1].strip(): int(cells[8]) for cells in funnel if len(cells) == 10}
+    assert exported_col == {"https://example.org/alpha": 2, "https://example.org/beta": 1,
+                            "https://example.org/gamma": 0}  # fmt: skip
+    assert "| **all** | 7 | " in text
+    sources = {cells[1].strip(): int(cells[4]) for cells in funnel if len(cells) == 6}
+    assert sources == {"https://example.org/alpha": 2, "https://example.org/beta": 1}
+    for reason in ("license: 1", "contaminated: 1", "duplicate: 1", "near_duplicate: 1"):
+        assert f"- {reason}\n" in text
+    assert "| `kill_rate` | float64 |" in text and "| `dtypes` | list<string> |" in text
+
+
+def test_no_secret_reaches_any_exported_file(exported):
+    for path in exported.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in SECRETS.values():
+                assert secret.encode() not in data, path
+
+
+def test_curator_edits_win_and_an_edited_complete_text_derives_the_short_one(workdirs, tmp_path):
+    store = Store.open(workdirs["alpha"])
+    cands = {c.kernel.name: c for c in store.iter_candidates()}
+    clamp, bias = cands["clamp_kernel"], cands["bias_leaky_relu_kernel"]
+    store.write_review(clamp.id, 1, "bo", "edit_instruction", instruction="Clamp x into [lo, hi].")
+    complete = ("Write a clamp kernel.\n\n## What it computes\nClamps each value of `x`.\n\n"
+                "## Constraints\n- dtypes: float32\n")  # fmt: skip
+    store.write_review(bias.id, 1, "bo", "edit_instruction", instruction_complete=complete)
+    store.close()
+    try:
+        export(Options(workdirs=[workdirs["alpha"]], out=tmp_path / "o"))
+        rows = {json.loads(x)["kernel_name"]: json.loads(x)
+                for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()}  # fmt: skip
+        assert rows["clamp_kernel"]["instruction"] == "Clamp x into [lo, hi]."
+        assert rows["clamp_kernel"]["instruction_edited"] is True
+        assert rows["bias_leaky_relu_kernel"]["instruction_complete"] == complete
+        assert rows["bias_leaky_relu_kernel"]["instruction"] == (
+            "Write a clamp kernel. It clamps each value of `x`. It must support float32."
+        )
+    finally:
+        store = Store.open(workdirs["alpha"])
+        for cand in (clamp, bias):
+            v = store.review(cand.id)["version"]
+            store.write_review(cand.id, v, "bo", "edit_instruction", instruction=None,
+                               instruction_complete=None)  # fmt: skip
+        store.close()
+
+
+def test_a_failed_export_leaves_the_previous_one_and_says_why(workdirs, tmp_path):
+    out = tmp_path / "o"
+    export(Options(workdirs=[workdirs["alpha"]], out=out))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    done = kminer("export", "-w", str(workdirs["alpha"]), "--out", str(out), "--exclude",
+                  str(tmp_path / "missing.cu"))  # fmt: skip
+    assert done.returncode == 1 and "missing.cu: no such file or folder" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    done = kminer("export", "-w", str(tmp_path / "nowhere"), "--out", str(out))
+    assert done.returncode == 1 and "no kminer store there" in done.stderr
+    with pytest.raises(ExportError, match="at least one"):
+        export(Options(workdirs=[], out=out))
+
+
+def test_publish_dry_run_lists_every_operation_and_touches_no_network(exported):
+    done = kminer("publish", str(exported), "--repo-id", "kminer/cuda-kernels", "--private",
+                  "--revision", "v1", "--dry-run", env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": ""})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "create_repo dataset kminer/cuda-kernels private=True (if it does not exist)"
+    assert lines[1] == "create_branch v1 on kminer/cuda-kernels (if it does not exist)"
+    added = [ln.split()[1] for ln in lines if ln.startswith("add ")]
+    files = sorted(p.relative_to(exported).as_posix() for p in exported.rglob("*") if p.is_file())
+    assert sorted(added) == files
+    assert "data/train-00000-of-00001.parquet" in added and "README.md" in added
+    assert (
+        lines[-2] == "delete data/* files on kminer/cuda-kernels@v1 that this export does not have"
+    )
+    assert lines[-1] == 'commit "kminer export: 3 rows" to kminer/cuda-kernels@v1'
+
+
+def test_publish_refuses_a_missing_card_unknown_licenses_an_empty_set_and_local_paths(
+    workdirs, exported, tmp_path
+):
+    import shutil
+
+    no_card = tmp_path / "no_card"
+    shutil.copytree(exported, no_card)
+    (no_card / "README.md").unlink()
+    unknown = tmp_path / "unknown"
+    export(Options(workdirs=[workdirs["nolicense"]], out=unknown, allow_license=["unknown"]))
+    local = tmp_path / "local"
+    build_workdir(FIXTURES / "gamma", tmp_path / "wd", url=str(FIXTURES / "gamma")).close()
+    export(Options(workdirs=[tmp_path / "wd"], out=local, allow_license=["GPL-3.0-only"]))
+    empty = tmp_path / "empty"
+    done = kminer("export", "-w", str(workdirs["gamma"]), "--out", str(empty))
+    assert done.returncode == 1 and "nothing exported" in done.stderr  # the GPL row is dropped
+    for folder, message in ((no_card, "no dataset card"), (unknown, "1 rows have an unknown license"),
+                            (empty, "the dataset is empty"),
+                            (local, "rows name a local path as their repository")):  # fmt: skip
+        done = kminer("publish", str(folder), "--repo-id", "o/n", "--dry-run")
+        assert done.returncode == 1, folder
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = kminer("publish", str(exported), "--repo-id", "no-slash", "--dry-run")
+    assert done.returncode == 2 and "expected OWNER/NAME" in done.stderr
+    # a mapped source fixes the local path
+    export(Options(workdirs=[tmp_path / "wd"], out=local, allow_license=["GPL-3.0-only"],
+                   sources={str(FIXTURES / "gamma"): "https://example.org/gamma"}))  # fmt: skip
+    assert kminer("publish", str(local), "--repo-id", "o/n", "--dry-run").returncode == 0
+
+
+def test_near_duplicate_search_matches_exact_jaccard():
+    base = " ".join(f"x{i} = y[{i}] * {i} + z;" for i in range(60))
+    edited = base.replace("x30 =", "w30 =").replace("x45 =", "w45 =")
+    other = " ".join(f"q{i} = r[{i}] - {i};" for i in range(60))
+    toks = [dedup.tokens(s) for s in (base, edited, other)]
+    exact = dedup.jaccard(dedup.shingles(toks[0]), dedup.shingles(toks[1]))
+    estimate = float((dedup.signature(toks[0]) == dedup.signature(toks[1])).mean())
+    assert 0.85 < exact < 0.99 and abs(estimate - exact) < 0.1
+    pairs = dedup.near_pairs(toks, 0.85)
+    assert [(i, j) for i, j, _ in pairs] == [(0, 1)] and pairs[0][2] == pytest.approx(exact)
+    rows = [{"id": "b", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3},
+            {"id": "a", "kill_rate": 0.5, "num_cases": 9, "num_shapes": 3},
+            {"id": "c", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3}]  # fmt: skip
+    dropped = dedup.find_duplicates(rows, [base, edited, "// note\n" + base])
+    assert dropped == {1: (0, "near_duplicate", pytest.approx(exact)), 2: (0, "duplicate", 1.0)}
+
+
+def test_derived_instruction_is_deterministic_and_reads_free_text():
+    complete = ("Write the CUDA kernel `k` and the host function `f` that launches it.\n\n"
+                "## What it computes\nComputes the sum of each row. Rows are contiguous.\n\n"
+                "## Binding\n`void f(Tensor x, Tensor out)`, bound with m.def.\n\n"
+                "## Constraints\n- dtypes: float32, float16\n")  # fmt: skip
+    expected = ("Write the CUDA kernel `k` and the host function `f` that launches it. It "
+                "computes the sum of each row. Expose `void f(Tensor x, Tensor out)` with "
+                "pybind11. It must support float32, float16.")  # fmt: skip
+    assert derive_instruction(complete) == derive_instruction(complete) == expected
+    assert derive_instruction("Just sum the rows.\n\nMore text.") == "Just sum the rows."
+    assert yaml.safe_load("a: 1") == {"a": 1}
+
+
+def test_model_descriptions_are_checked_stored_and_asked_once(tmp_path):
+    from llm_server import FakeLLM, load
+
+    from wrappers.llm.client import LLMClient
+
+    workdirs = {"alpha": tmp_path / "alpha"}
+    build_workdir(FIXTURES / "alpha", workdirs["alpha"]).close()
+
+    def run(server):
+        def client(store):
+            return LLMClient(store, base_url=server.base_url, api_key="k", model="fake-model")
+
+        opts = Options(workdirs=[workdirs["alpha"]], out=tmp_path / "o", describe_with=client)
+        return export(opts)
+
+    with FakeLLM(load("describe/bias_leaky_relu_kernel")) as server:
+        report = run(server)
+        first = server.chat_requests("[kminer:describe]")
+        fixes = server.chat_requests("[kminer:describe-fix]")
+    assert len(fixes) == 1 and "too short" in fixes[0]["last_user"]
+    asked = {r["last_user"].split("kernel=")[1].split()[0] for r in first}
+    assert asked == {"bias_leaky_relu_kernel", "clamp_kernel"}
+    bias_prompt = next(r["last_user"] for r in first if "kernel=bias_leaky" in r["last_user"])
+    assert "The repository says of it" in bias_prompt and "per-channel bias" in bias_prompt
+    assert [f["kernel"] for f in report["describe_failures"]] == ["clamp_kernel"]  # no recording
+    rows = {json.loads(x)["kernel_name"]: json.loads(x)
+            for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()}  # fmt: skip
+    bias = rows["bias_leaky_relu_kernel"]
+    assert bias["description_source"] == "llm" and "(i / inner) % channels" in bias["instruction"]
+    assert rows["clamp_kernel"]["description_source"] == "comment"  # the model failed: repo's
+    store = Store.open(workdirs["alpha"])
+    bias_id = bias["id"]
+    tried = [
+        (a["attempt"], a["passed"]) for a in store.attempts(bias_id) if a["step"] == "describe"
+    ]
+    store.close()
+    assert tried == [(1, False), (2, True)]
+    with FakeLLM(load("describe/bias_leaky_relu_kernel")) as server:  # a rerun: nothing new
+        run(server)
+        assert server.chat_requests("kernel=bias_leaky_relu_kernel") == []
