@@ -152,3 +152,22 @@ def ask(client, store, cand: Candidate, workdir: Path, root: Path | None, max_at
         field="description",
     )
     return "" if isinstance(got, Answer) else got
+
+
+def repo_root(store, cand: Candidate) -> Path | None:
+    """Where the workdir keeps the candidate's repository checkout (None when it is gone)."""
+    for row in store.repos():
+        if (row.url, row.commit) == (cand.provenance.repo_url, cand.provenance.commit) and row.root:
+            return Path(row.root)
+    return None
+
+
+def generated(store, cand: Candidate, workdir: Path | None) -> tuple[str, str]:
+    """The rule-made (instruction_complete, instruction) of a candidate, as export writes them
+    when no curator edited them: what the review page shows and edits start from."""
+    from curation.instructions import complete_text, derive_instruction
+
+    label = read_label(Path(workdir), cand) if workdir else ""
+    complete = complete_text(cand, label, description(stored(store, cand.id), cand,
+                                                      repo_root(store, cand)))  # fmt: skip
+    return complete, derive_instruction(complete)

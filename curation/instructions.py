@@ -170,7 +170,7 @@ def derive_instruction(complete: str) -> str:
             if _starts_verb(what)
             else _first_sentence(what)
         )
-    binding = re.search(r"`([^`]+\([^`]*\))`", sections.get("Binding", ""))
+    binding = re.match(r"`([^`]+\([^`]*\))`", sections.get("Binding", ""))
     if binding:
         out.append(f"Expose `{binding.group(1)}` with pybind11.")
     dtypes = re.search(r"^- dtypes: (.+)$", sections.get("Constraints", ""), re.M)

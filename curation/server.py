@@ -187,7 +187,21 @@ def api_candidates(
     return queue.listing(request.app.state.store, filters, sort, page)
 
 
-def detail(store: Store, cand) -> dict:
+def instructions(store: Store, cand, review: dict, workdir) -> dict:
+    """The instructions a row would get now: a curator's edit, else the generated text."""
+    from curation.describe import generated
+    from curation.instructions import derive_instruction
+
+    made_complete, _ = generated(store, cand, workdir)
+    complete = review["instruction_complete"] or made_complete
+    return {
+        "instruction": review["instruction"] or derive_instruction(complete),
+        "instruction_complete": complete,
+        "edited": bool(review["instruction"] or review["instruction_complete"]),
+    }
+
+
+def detail(store: Store, cand, workdir=None) -> dict:
     review = store.review(cand.id)
     return {
         **cand.summary(),
@@ -199,11 +213,13 @@ def detail(store: Store, cand) -> dict:
         "review": review,
         "version": review["version"],
         "why_not_acceptable": acceptable(cand),
+        "instructions": instructions(store, cand, review, workdir),
     }
 
 
 def api_candidate(request: Request, cand_id: str, _: Reader):
-    return detail(request.app.state.store, _candidate(request, cand_id))
+    state = request.app.state
+    return detail(state.store, _candidate(request, cand_id), state.workdir)
 
 
 def _conflict(current: dict, base: int) -> HTTPException:
@@ -250,10 +266,22 @@ def apply_review(request: Request, cand, body: ReviewBody, curator: str) -> dict
 
 
 def apply_instruction(request: Request, cand, body: InstructionBody, curator: str) -> dict:
-    fields = {"instruction": body.instruction}
-    if body.instruction_complete is not None:
-        fields["instruction_complete"] = body.instruction_complete
+    """Keep what differs from the generated text as the curator's edit; a text sent back
+    unchanged stays generated (None), so a later change of the rules or of the complete text
+    still reaches it: an unedited `instruction` is derived from the complete one in force."""
+    from curation.describe import generated
+    from curation.instructions import derive_instruction
+
     store = request.app.state.store
+    made_complete, _ = generated(store, cand, request.app.state.workdir)
+    review = store.review(cand.id)
+    complete = shown = review["instruction_complete"]
+    if body.instruction_complete is not None:
+        text = body.instruction_complete.strip()
+        complete = None if text == made_complete.strip() else body.instruction_complete
+    derived = {derive_instruction(c or made_complete).strip() for c in (shown, complete)}
+    short = None if body.instruction.strip() in derived else body.instruction
+    fields = {"instruction": short, "instruction_complete": complete}
     return _write(store, cand.id, body.version, curator, "edit_instruction", **fields)
 
 

@@ -127,7 +127,7 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
         return found
     store, workdir = request.app.state.store, request.app.state.workdir
     cand = api._candidate(request, cand_id)
-    data = api.detail(store, cand)
+    data = api.detail(store, cand, workdir)
     verify = {"kernel_time_us": None, "kill_rate": None, "cases": [], "variants": [], "gpu": ""}
     verify.update(data["stages"].get(Stage.VERIFY.value, {}))  # none yet: unverified
     files = []
@@ -161,7 +161,7 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
         why_not=data["why_not_acceptable"],
         reasons=api.REJECT_REASONS,
         tolerances=TOLERANCES,
-        default_instruction="",
+        instructions=data["instructions"],
         source_html=highlight(cand.kernel.source),
         files=files,
         label_text=_file(workdir, cand.wrapper.label_path),

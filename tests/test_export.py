@@ -58,7 +58,7 @@ def build_workdir(repo: Path, workdir: Path, url: str | None = None) -> Store:
         fn = cand.kernel.name.removesuffix("_kernel")
         files = {
             f"labels/{cand.id}.cu": label_for(cand),
-            f"tests/{cand.id}.py": f'"""kminer test for {cand.kernel.name}."""\nFUNCTION = "{fn}"\n',
+            f"tests/{cand.id}.py": f'"""kminer test: {cand.kernel.name}."""\nFUNCTION = "{fn}"\n',
             f"references/{cand.id}.cpp": f"void {fn}_cpu(at::Tensor input, at::Tensor output);\n",
         }
         for rel, text in files.items():
@@ -71,9 +71,16 @@ def build_workdir(repo: Path, workdir: Path, url: str | None = None) -> Store:
         cand.tests.path, cand.tests.cases_source = f"tests/{cand.id}.py", "mined"
         cand.tests.num_cases, cand.tests.num_shapes = 7, 3
         cand.tests.dtypes = ["float32", "float64"] if cand.kernel.templated else ["float32"]
-        metrics = {"outcome": "pass", "kill_rate": 1.0, "kernel_time_us": 12.5,
-                   "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0",
-                   "nvcc": "13.0.88", "cases": [{"id": "recorded_0", "shape": [[1000], [1000]]}]}  # fmt: skip
+        metrics = {
+            "outcome": "pass",
+            "kill_rate": 1.0,
+            "kernel_time_us": 12.5,
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "torch": "2.11.0+cu130",
+            "cuda": "13.0",
+            "nvcc": "13.0.88",
+            "cases": [{"id": "recorded_0", "shape": [[1000], [1000]]}],
+        }
         cand.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
         store.save(cand, repo_id)
         store.write_review(cand.id, 0, "ann", "accept", decision=Decision.ACCEPTED)
@@ -104,8 +111,19 @@ def kminer(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def exported(workdirs, tmp_path_factory):
     """alpha + beta + gamma exported through the CLI with the benchmark excluded."""
     out = tmp_path_factory.mktemp("dataset")
-    args = ["export", "-w", str(workdirs["alpha"]), "-w", str(workdirs["beta"]), "-w",
-            str(workdirs["gamma"]), "--out", str(out), "--exclude", str(FIXTURES / "benchmark")]  # fmt: skip
+    args = [
+        "export",
+        "-w",
+        str(workdirs["alpha"]),
+        "-w",
+        str(workdirs["beta"]),
+        "-w",
+        str(workdirs["gamma"]),
+        "--out",
+        str(out),
+        "--exclude",
+        str(FIXTURES / "benchmark"),
+    ]
     done = kminer(*args, env=SECRETS)
     assert done.returncode == 0, done.stderr
     assert "3 rows exported" in done.stdout, done.stdout
@@ -123,8 +141,9 @@ def test_rows_load_back_identically_and_match_the_store(exported, workdirs, tmp_
     from datasets import load_dataset
 
     by_folder = load_dataset(str(exported), split="train", cache_dir=str(tmp_path / "a"))
-    by_parquet = load_dataset("parquet", data_dir=str(exported / "data"), split="train",
-                              cache_dir=str(tmp_path / "b"))  # fmt: skip
+    by_parquet = load_dataset(
+        "parquet", data_dir=str(exported / "data"), split="train", cache_dir=str(tmp_path / "b")
+    )
     assert by_folder.features == by_parquet.features == FEATURES
     assert by_folder.to_list() == by_parquet.to_list()
     rows = {r["kernel_name"]: r for r in by_folder.to_list()}
@@ -162,10 +181,7 @@ def test_rows_load_back_identically_and_match_the_store(exported, workdirs, tmp_
     assert "`output` (`T* __restrict__`): output (written)" in row["instruction_complete"]
     assert row["instruction"] == derive_instruction(row["instruction_complete"])
     assert row["instruction"].startswith("Write the CUDA kernel `bias_leaky_relu_kernel`")
-    assert (
-        "launches it, as one .cu file that torch.utils.cpp_extension builds. It adds a per-channel bias"
-        in row["instruction"]
-    )
+    assert "cpp_extension builds. It adds a per-channel bias" in row["instruction"]
     assert (
         "Expose `void bias_leaky_relu(torch::Tensor input, torch::Tensor output)`"
         in row["instruction"]
@@ -191,11 +207,18 @@ def test_license_filter_and_exclude_leave_rows_out_with_their_reasons(exported, 
     assert "GPL-3.0-only is not permissive" in reasons["row_max_kernel"][1]
     assert reasons["saxpy_kernel"][0] == Drop.CONTAMINATED
     assert "level1_saxpy.py" in reasons["saxpy_kernel"][1]
-    assert report["dropped"] == {"license": 1, "contaminated": 1, "near_duplicate": 1,
-                                 "duplicate": 1}  # fmt: skip
+    assert report["dropped"] == {
+        "license": 1,
+        "contaminated": 1,
+        "near_duplicate": 1,
+        "duplicate": 1,
+    }
     # without --exclude and with GPL allowed, both come back
-    opts = Options(workdirs=[workdirs["beta"], workdirs["gamma"]], out=tmp_path / "o",
-                   allow_license=["GPL-3.0-only"])  # fmt: skip
+    opts = Options(
+        workdirs=[workdirs["beta"], workdirs["gamma"]],
+        out=tmp_path / "o",
+        allow_license=["GPL-3.0-only"],
+    )
     again = export(opts)
     assert again["rows"] == 5 and again["dropped"] == {}  # beta's 4 kernels and gamma's
 
@@ -215,8 +238,11 @@ def test_card_header_parses_and_its_numbers_match_the_rows(exported):
     assert "| https://example.org/alpha | 2 | " in text  # found, ... exported
     funnel = [ln.split("|") for ln in text.splitlines() if ln.startswith("| https://example.org/")]
     exported_col = {cells[1].strip(): int(cells[8]) for cells in funnel if len(cells) == 10}
-    assert exported_col == {"https://example.org/alpha": 2, "https://example.org/beta": 1,
-                            "https://example.org/gamma": 0}  # fmt: skip
+    assert exported_col == {
+        "https://example.org/alpha": 2,
+        "https://example.org/beta": 1,
+        "https://example.org/gamma": 0,
+    }
     assert "| **all** | 7 | " in text
     sources = {cells[1].strip(): int(cells[4]) for cells in funnel if len(cells) == 6}
     assert sources == {"https://example.org/alpha": 2, "https://example.org/beta": 1}
@@ -238,14 +264,18 @@ def test_curator_edits_win_and_an_edited_complete_text_derives_the_short_one(wor
     cands = {c.kernel.name: c for c in store.iter_candidates()}
     clamp, bias = cands["clamp_kernel"], cands["bias_leaky_relu_kernel"]
     store.write_review(clamp.id, 1, "bo", "edit_instruction", instruction="Clamp x into [lo, hi].")
-    complete = ("Write a clamp kernel.\n\n## What it computes\nClamps each value of `x`.\n\n"
-                "## Constraints\n- dtypes: float32\n")  # fmt: skip
+    complete = (
+        "Write a clamp kernel.\n\n## What it computes\nClamps each value of `x`.\n\n"
+        "## Constraints\n- dtypes: float32\n"
+    )
     store.write_review(bias.id, 1, "bo", "edit_instruction", instruction_complete=complete)
     store.close()
     try:
         export(Options(workdirs=[workdirs["alpha"]], out=tmp_path / "o"))
-        rows = {json.loads(x)["kernel_name"]: json.loads(x)
-                for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()}  # fmt: skip
+        rows = {
+            json.loads(x)["kernel_name"]: json.loads(x)
+            for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()
+        }
         assert rows["clamp_kernel"]["instruction"] == "Clamp x into [lo, hi]."
         assert rows["clamp_kernel"]["instruction_edited"] is True
         assert rows["bias_leaky_relu_kernel"]["instruction_complete"] == complete
@@ -256,8 +286,9 @@ def test_curator_edits_win_and_an_edited_complete_text_derives_the_short_one(wor
         store = Store.open(workdirs["alpha"])
         for cand in (clamp, bias):
             v = store.review(cand.id)["version"]
-            store.write_review(cand.id, v, "bo", "edit_instruction", instruction=None,
-                               instruction_complete=None)  # fmt: skip
+            store.write_review(
+                cand.id, v, "bo", "edit_instruction", instruction=None, instruction_complete=None
+            )
         store.close()
 
 
@@ -265,8 +296,15 @@ def test_a_failed_export_leaves_the_previous_one_and_says_why(workdirs, tmp_path
     out = tmp_path / "o"
     export(Options(workdirs=[workdirs["alpha"]], out=out))
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    done = kminer("export", "-w", str(workdirs["alpha"]), "--out", str(out), "--exclude",
-                  str(tmp_path / "missing.cu"))  # fmt: skip
+    done = kminer(
+        "export",
+        "-w",
+        str(workdirs["alpha"]),
+        "--out",
+        str(out),
+        "--exclude",
+        str(tmp_path / "missing.cu"),
+    )
     assert done.returncode == 1 and "missing.cu: no such file or folder" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
@@ -277,8 +315,17 @@ def test_a_failed_export_leaves_the_previous_one_and_says_why(workdirs, tmp_path
 
 
 def test_publish_dry_run_lists_every_operation_and_touches_no_network(exported):
-    done = kminer("publish", str(exported), "--repo-id", "kminer/cuda-kernels", "--private",
-                  "--revision", "v1", "--dry-run", env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": ""})  # fmt: skip
+    done = kminer(
+        "publish",
+        str(exported),
+        "--repo-id",
+        "kminer/cuda-kernels",
+        "--private",
+        "--revision",
+        "v1",
+        "--dry-run",
+        env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": ""},
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "create_repo dataset kminer/cuda-kernels private=True (if it does not exist)"
@@ -309,17 +356,26 @@ def test_publish_refuses_a_missing_card_unknown_licenses_an_empty_set_and_local_
     empty = tmp_path / "empty"
     done = kminer("export", "-w", str(workdirs["gamma"]), "--out", str(empty))
     assert done.returncode == 1 and "nothing exported" in done.stderr  # the GPL row is dropped
-    for folder, message in ((no_card, "no dataset card"), (unknown, "1 rows have an unknown license"),
-                            (empty, "the dataset is empty"),
-                            (local, "rows name a local path as their repository")):  # fmt: skip
+    for folder, message in (
+        (no_card, "no dataset card"),
+        (unknown, "1 rows have an unknown license"),
+        (empty, "the dataset is empty"),
+        (local, "rows name a local path as their repository"),
+    ):
         done = kminer("publish", str(folder), "--repo-id", "o/n", "--dry-run")
         assert done.returncode == 1, folder
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = kminer("publish", str(exported), "--repo-id", "no-slash", "--dry-run")
     assert done.returncode == 2 and "expected OWNER/NAME" in done.stderr
     # a mapped source fixes the local path
-    export(Options(workdirs=[tmp_path / "wd"], out=local, allow_license=["GPL-3.0-only"],
-                   sources={str(FIXTURES / "gamma"): "https://example.org/gamma"}))  # fmt: skip
+    export(
+        Options(
+            workdirs=[tmp_path / "wd"],
+            out=local,
+            allow_license=["GPL-3.0-only"],
+            sources={str(FIXTURES / "gamma"): "https://example.org/gamma"},
+        )
+    )
     assert kminer("publish", str(local), "--repo-id", "o/n", "--dry-run").returncode == 0
 
 
@@ -333,21 +389,27 @@ def test_near_duplicate_search_matches_exact_jaccard():
     assert 0.85 < exact < 0.99 and abs(estimate - exact) < 0.1
     pairs = dedup.near_pairs(toks, 0.85)
     assert [(i, j) for i, j, _ in pairs] == [(0, 1)] and pairs[0][2] == pytest.approx(exact)
-    rows = [{"id": "b", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3},
-            {"id": "a", "kill_rate": 0.5, "num_cases": 9, "num_shapes": 3},
-            {"id": "c", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3}]  # fmt: skip
+    rows = [
+        {"id": "b", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3},
+        {"id": "a", "kill_rate": 0.5, "num_cases": 9, "num_shapes": 3},
+        {"id": "c", "kill_rate": 1.0, "num_cases": 5, "num_shapes": 3},
+    ]
     dropped = dedup.find_duplicates(rows, [base, edited, "// note\n" + base])
     assert dropped == {1: (0, "near_duplicate", pytest.approx(exact)), 2: (0, "duplicate", 1.0)}
 
 
 def test_derived_instruction_is_deterministic_and_reads_free_text():
-    complete = ("Write the CUDA kernel `k` and the host function `f` that launches it.\n\n"
-                "## What it computes\nComputes the sum of each row. Rows are contiguous.\n\n"
-                "## Binding\n`void f(Tensor x, Tensor out)`, bound with m.def.\n\n"
-                "## Constraints\n- dtypes: float32, float16\n")  # fmt: skip
-    expected = ("Write the CUDA kernel `k` and the host function `f` that launches it. It "
-                "computes the sum of each row. Expose `void f(Tensor x, Tensor out)` with "
-                "pybind11. It must support float32, float16.")  # fmt: skip
+    complete = (
+        "Write the CUDA kernel `k` and the host function `f` that launches it.\n\n"
+        "## What it computes\nComputes the sum of each row. Rows are contiguous.\n\n"
+        "## Binding\n`void f(Tensor x, Tensor out)`, bound with m.def.\n\n"
+        "## Constraints\n- dtypes: float32, float16\n"
+    )
+    expected = (
+        "Write the CUDA kernel `k` and the host function `f` that launches it. It "
+        "computes the sum of each row. Expose `void f(Tensor x, Tensor out)` with "
+        "pybind11. It must support float32, float16."
+    )
     assert derive_instruction(complete) == derive_instruction(complete) == expected
     assert derive_instruction("Just sum the rows.\n\nMore text.") == "Just sum the rows."
     assert yaml.safe_load("a: 1") == {"a": 1}
@@ -378,8 +440,10 @@ def test_model_descriptions_are_checked_stored_and_asked_once(tmp_path):
     bias_prompt = next(r["last_user"] for r in first if "kernel=bias_leaky" in r["last_user"])
     assert "The repository says of it" in bias_prompt and "per-channel bias" in bias_prompt
     assert [f["kernel"] for f in report["describe_failures"]] == ["clamp_kernel"]  # no recording
-    rows = {json.loads(x)["kernel_name"]: json.loads(x)
-            for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()}  # fmt: skip
+    rows = {
+        json.loads(x)["kernel_name"]: json.loads(x)
+        for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()
+    }
     bias = rows["bias_leaky_relu_kernel"]
     assert bias["description_source"] == "llm" and "(i / inner) % channels" in bias["instruction"]
     assert rows["clamp_kernel"]["description_source"] == "comment"  # the model failed: repo's

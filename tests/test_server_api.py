@@ -23,10 +23,17 @@ from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageR
 
 
 def make_candidate(i: int, outcome: str | None, kill: float = 1.0, op: str = "roi_align"):
-    k = Kernel(name=f"kern{i}", file=f"ops/k{i}.cu", line=10 * i, start_line=10 * i,
-               end_line=10 * i + 5, source="__global__ void k() {}")  # fmt: skip
-    c = Candidate(id=f"c{i:04d}", provenance=Provenance(repo_url="https://x/r", commit="ab" * 20),
-                  kernel=k)  # fmt: skip
+    k = Kernel(
+        name=f"kern{i}",
+        file=f"ops/k{i}.cu",
+        line=10 * i,
+        start_line=10 * i,
+        end_line=10 * i + 5,
+        source="__global__ void k() {}",
+    )
+    c = Candidate(
+        id=f"c{i:04d}", provenance=Provenance(repo_url="https://x/r", commit="ab" * 20), kernel=k
+    )
     c.wrapper.strategy, c.wrapper.op_map = "mined", {"python_name": op}
     c.reference.kind = "cpp" if outcome else ""
     if outcome:
@@ -50,10 +57,11 @@ class Served:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         config = uvicorn.Config(
-            create_app(store, public_read=public_read, workdir=workdir), host="127.0.0.1",
+            create_app(store, public_read=public_read, workdir=workdir),
+            host="127.0.0.1",
             port=self.port,
             log_level="warning",
-        )  # fmt: skip
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -192,6 +200,33 @@ def test_instruction_edits_are_versioned_and_audited(store):
     (row,) = store.audit("c0000")
     assert row["action"] == "edit_instruction" and row["before"]["instruction"] is None
     assert store.review("c0000")["decision"] == "pending"  # an edit is no verdict
+
+
+def test_generated_instructions_are_shown_and_only_real_edits_are_kept(store):
+    from curation.instructions import derive_instruction
+
+    ann = curators.add(store, "ann")
+    with Served(store) as srv:
+        c = srv.client(ann)
+        made = c.get("/api/candidates/c0000").json()["instructions"]
+        assert made["edited"] is False
+        assert made["instruction_complete"].startswith("Write the CUDA kernel `kern0`")
+        assert made["instruction"] == derive_instruction(made["instruction_complete"])
+        body = {**made, "version": 0}  # sent back unchanged: nothing is an edit
+        assert c.put("/api/candidates/c0000/instruction", json=body).status_code == 200
+        review = store.review("c0000")
+        assert (review["instruction"], review["instruction_complete"]) == (None, None)
+        complete = "Write kern0.\n\n## What it computes\nSums the rows of `x`.\n"
+        body = {"instruction": made["instruction"], "instruction_complete": complete, "version": 1}
+        assert c.put("/api/candidates/c0000/instruction", json=body).status_code == 200
+        now = c.get("/api/candidates/c0000").json()["instructions"]
+    review = store.review("c0000")
+    assert (review["instruction"], review["instruction_complete"]) == (None, complete)
+    assert now == {
+        "instruction": "Write kern0. It sums the rows of `x`.",
+        "instruction_complete": complete,
+        "edited": True,
+    }
 
 
 def test_filters_sorting_paging_and_stats(store):
