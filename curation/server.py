@@ -276,11 +276,12 @@ def apply_instruction(request: Request, cand, body: InstructionBody, curator: st
     made_complete, _ = generated(store, cand, request.app.state.workdir)
     review = store.review(cand.id)
     complete = shown = review["instruction_complete"]
-    if body.instruction_complete is not None:
-        text = body.instruction_complete.strip()
-        complete = None if text == made_complete.strip() else body.instruction_complete
+    if body.instruction_complete is not None:  # a browser's form sends CRLF line ends
+        text = body.instruction_complete.replace("\r\n", "\n")
+        complete = None if text.strip() == made_complete.strip() else text
     derived = {derive_instruction(c or made_complete).strip() for c in (shown, complete)}
-    short = None if body.instruction.strip() in derived else body.instruction
+    short = body.instruction.replace("\r\n", "\n")
+    short = None if short.strip() in derived else short
     fields = {"instruction": short, "instruction_complete": complete}
     return _write(store, cand.id, body.version, curator, "edit_instruction", **fields)
 
