@@ -44,12 +44,37 @@ def exact_key(source: str) -> str:
     return hashlib.sha256(" ".join(tokens(source)).encode()).hexdigest()
 
 
+_TOKEN_HASH: dict[str, int] = {}
+
+
+def _shingle_hashes(toks: Sequence[str]) -> np.ndarray:
+    """One 64-bit hash per distinct 5-token shingle: each token hashed once (blake2b, cached),
+    the shingle as a polynomial of its tokens' hashes (mod 2^64): no string per shingle."""
+    ids = np.fromiter(
+        (
+            _TOKEN_HASH.get(t)
+            or _TOKEN_HASH.setdefault(
+                t, int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") | 1
+            )
+            for t in toks
+        ),
+        dtype=np.uint64,
+        count=len(toks),
+    )
+    if len(ids) < SHINGLE:
+        ids = np.concatenate([ids, np.zeros(SHINGLE - len(ids), dtype=np.uint64)])
+    width = len(ids) - SHINGLE + 1
+    acc = np.zeros(width, dtype=np.uint64)
+    for k in range(SHINGLE):
+        acc = acc * _M1 + ids[k : k + width]
+    return np.unique(acc)
+
+
 def signature(toks: Sequence[str]) -> np.ndarray:
     """128 minimum hashes of the 5-token shingles. Each permutation is a full 64-bit mix of the
     shingle's hash: a linear (a*x + b) mod p over 32-bit hashes orders the shingles nearly alike
     for every a, which inflated similarities (0.99 estimated for a true 0.87)."""
-    digests = b"".join(hashlib.blake2b(g.encode(), digest_size=8).digest() for g in shingles(toks))
-    x = np.frombuffer(digests, dtype=np.uint64)[:, None] ^ _MASKS[None, :]
+    x = _shingle_hashes(toks)[:, None] ^ _MASKS[None, :]
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
     return (x ^ (x >> np.uint64(31))).min(axis=0)
@@ -90,8 +115,13 @@ def near_pairs(toks: list[Sequence[str]], threshold: float) -> list[tuple[int, i
     for i, sig in enumerate(sigs):
         for b in range(BANDS):
             buckets[(b, sig[b * ROWS : (b + 1) * ROWS].tobytes())].append(i)
-    proposed = {(m[x], m[y]) for m in buckets.values() if len(m) > 1
-                for x in range(len(m)) for y in range(x + 1, len(m))}  # fmt: skip
+    proposed = {
+        (m[x], m[y])
+        for m in buckets.values()
+        if len(m) > 1
+        for x in range(len(m))
+        for y in range(x + 1, len(m))
+    }
     sets: dict[int, set[str]] = {}
     found = []
     for i, j in sorted(proposed):

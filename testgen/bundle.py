@@ -191,7 +191,7 @@ def ingest(results_path: Path | str, cands: list[Candidate]) -> list[Candidate]:
         outcome = e["outcome"]
         metrics = {"outcome": outcome, "kill_rate": e.get("kill_rate")}
         metrics["kernel_time_us"] = e.get("kernel_time_us")
-        metrics.update({k: str(data.get(k) or "") for k in ("gpu", "torch", "cuda")})
+        metrics.update({k: str(data.get(k) or "") for k in ("gpu", "torch", "cuda", "nvcc")})
         metrics["cases"] = e.get("cases") or []
         metrics["variants"] = [
             {k: v.get(k) for k in ("kind", "outcome", "detail")}

@@ -48,12 +48,34 @@ def exposed_params(refs, function: str, label_text: str) -> list[tuple[str, str]
     return list(sig.params)
 
 
+_DEF_PREFIX = re.compile(r"^[ \t]*[\w:<>,*& \t]*?[\w>*&]\s+$")
+
+
 def label_signature(function: str, label_text: str) -> Signature | None:
-    """The signature of the C++ function a label binds as `m.def("function", &impl)`."""
-    bound = re.search(rf'm\.def\(\s*"{re.escape(function)}"\s*,\s*&?\s*([\w:]+)', label_text)
-    impl = bound.group(1).split("::")[-1] if bound else function
-    head = re.search(rf"^[ \t]*[\w:<>,*& \t]*?[\w>*&]\s+{re.escape(impl)}\s*\(", label_text, re.M)
-    return parse_signature(label_text[head.start() :], impl) if head else None
+    """The signature of the C++ function a label binds as `m.def("function", &impl)`: the first
+    `impl(` whose line starts like a definition. Plain string search, no pattern per name (an
+    export reads thousands of labels, and compiling one regex per name dominated it)."""
+    start = label_text.find(f'm.def("{function}"')
+    impl = function
+    if start >= 0:
+        bound = re.match(r'm\.def\(\s*"[^"]*"\s*,\s*&?\s*([\w:]+)', label_text[start:])
+        impl = bound.group(1).split("::")[-1] if bound else function
+    at = label_text.find(impl)
+    while at >= 0:
+        end = at + len(impl)
+        before = label_text[at - 1] if at else " "
+        after = label_text[end:].lstrip(" \t\n")
+        line_start = label_text.rfind("\n", 0, at) + 1
+        if not label_text[line_start:at].strip() and line_start:  # the type on the line before
+            line_start = label_text.rfind("\n", 0, line_start - 1) + 1
+        if (
+            not (before.isalnum() or before in "_:")
+            and after.startswith("(")
+            and _DEF_PREFIX.match(label_text[line_start:at])
+        ):
+            return parse_signature(label_text[line_start:], impl)
+        at = label_text.find(impl, end)
+    return None
 
 
 def _element_dtype(cand: Candidate, name: str) -> torch.dtype | None:

@@ -398,6 +398,17 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def _nvcc_version() -> str:
+    """The release of the nvcc on PATH (`13.0.88`), part of a row's toolchain; '' without one."""
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc")
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"release [\d.]+, V([\d.]+)", out)
+    return m.group(1) if m else ""
+
+
 def _torch_version() -> str:
     """From the package metadata: importing torch here would cost seconds and touch nothing."""
     try:
@@ -509,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [e for e in todo if e["id"] not in results["entries"]]
     results["gpu"] = results["gpu"] or gpu_name
     results["torch"] = results["torch"] or _torch_version()
+    results["nvcc"] = results.get("nvcc") or _nvcc_version()
     runner = Runner(bundle, args, devices)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if args.prebuild and todo:
