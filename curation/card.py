@@ -109,6 +109,7 @@ def render(
             exclude=report["options"]["exclude"],
             overlap=report["options"]["exclude_overlap"],
             threshold=report["options"]["near_dup_threshold"],
+            cross_threshold=report["options"]["cross_repo_threshold"],
             sources=[
                 {
                     "repo": r,

@@ -135,8 +135,12 @@ def export(
         float, typer.Option(help="Share of a kernel's 10-grams found in --exclude that drops it.")
     ] = 0.5,
     near_dup_threshold: Annotated[
-        float, typer.Option(help="MinHash Jaccard at which two kernels are near duplicates.")
+        float,
+        typer.Option(help="Jaccard (5-token shingles) at which two kernels are near duplicates."),
     ] = 0.85,
+    cross_repo_threshold: Annotated[
+        float, typer.Option(help="The same, for kernels of two different repositories.")
+    ] = 0.7,
     source: Annotated[
         list[str] | None,
         typer.Option(
@@ -174,6 +178,7 @@ def export(
         exclude=exclude or [],
         overlap=exclude_overlap,
         threshold=near_dup_threshold,
+        cross_threshold=cross_repo_threshold,
         sources=sources,
         shard_rows=max(1, shard_rows),
         describe_with=describe_with,

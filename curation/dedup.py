@@ -2,14 +2,20 @@
 
 Real repositories copy kernels from each other (mmcv, mmdetection3d, OpenPCDet, detectron2 and
 maskrcnn-benchmark share bodies), and a benchmark scored on rows that are one kernel twice
-counts it twice. Two kernels are exact duplicates when their sources are equal once comments
-and whitespace are gone, and near duplicates when the Jaccard similarity of their 5-token
-shingles reaches the threshold (0.85 by default: mmcv's forward/backward twins and its DCNv1/v2
-kernels sit at 0.75-0.87). MinHash (128 permutations, LSH in 32 bands of 4 rows) proposes the
-pairs worth comparing, so the work grows with the rows, not their pairs. Of each group one row
-stays: the best tested (kill rate, cases, shapes), then the one from the workdir given first
-(the original, when the user lists it first), then the first by id; every other row names the
-one it duplicates.
+counts it twice. Exact duplicates have the same tokens once comments and whitespace are gone.
+Near duplicates are judged on the Jaccard similarity of 5-token shingles, with thresholds set
+from measured pairs (benchmarks/near_dups.py on mmcv, OpenPCDet, Pointnet2_PyTorch):
+- anywhere: >= 0.85. Siblings inside one repository sit anywhere from 0.07 to 0.95 (mmcv's two
+  iou3d NMS kernels differ by one call: 0.95; its DCNv1/v2 col2im: 0.87), so only the closest
+  are one task;
+- between two repositories: >= 0.7, or >= 0.5 for kernels whose names share a stem. Copies
+  that were reformatted and renamed land at 0.5-0.8 (mmcv's roiaware_avgpool3d against
+  OpenPCDet's: 0.69; three_nn_forward_cuda_kernel against three_nn_kernel_fast: 0.62).
+MinHash (128 permutations, LSH in 32 bands of 4 rows) proposes the pairs worth comparing, so the
+work grows with the rows, not their pairs; the exact Jaccard decides. Rows are kept best first:
+the best tested (kill rate, cases, shapes), then the one from the workdir given first (the
+original, when the user lists it first), then the first by id; a row is dropped only as the
+copy of a row kept, and names it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import numpy as np
 NUM_PERM, BANDS = 128, 32
 ROWS = NUM_PERM // BANDS
 SHINGLE = 5
-DEFAULT_THRESHOLD = 0.85
+DEFAULT_THRESHOLD = 0.85  # anywhere
+CROSS_REPO_THRESHOLD = 0.7  # between two repositories
+SAME_NAME_FLOOR = 0.5  # between two repositories, for kernels of the same name stem
+_PLACE_WORDS = {"kernel", "cuda", "gpu", "fast", "forward", "fwd", "impl", "device", "global"}
 _MASKS = (
     np.random.RandomState(20261124).randint(0, 1 << 62, NUM_PERM, dtype=np.int64).astype(np.uint64)
 )  # one per permutation: h_i(x) = mix(x ^ mask_i), a splitmix64 finaliser (wraps mod 2^64)
@@ -80,20 +89,6 @@ def signature(toks: Sequence[str]) -> np.ndarray:
     return (x ^ (x >> np.uint64(31))).min(axis=0)
 
 
-class _Groups:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def join(self, i: int, j: int) -> None:
-        self.parent[self.find(i)] = self.find(j)
-
-
 def _rank(row: dict) -> tuple:
     quality = (-(row.get("kill_rate") or 0.0), -row["num_cases"], -row["num_shapes"])
     return (*quality, row.get("order", 0), row["id"])
@@ -133,35 +128,66 @@ def near_pairs(toks: list[Sequence[str]], threshold: float) -> list[tuple[int, i
     return found
 
 
+def name_stem(kernel: str) -> str:
+    """A kernel's name without the words that mark where it runs (`three_nn_kernel_fast` and
+    `three_nn_forward_cuda_kernel` are both `three_nn`)."""
+    words = [w for w in kernel.lower().split("_") if w and w not in _PLACE_WORDS]
+    return "_".join(words)
+
+
+def _near(a: dict, b: dict, similarity: float, threshold: float, cross: float) -> bool:
+    if similarity >= threshold:
+        return True
+    if a.get("repo") == b.get("repo"):
+        return False  # within one repository, siblings (forward/backward) sit at 0.5-0.9
+    same_name = a.get("name") and name_stem(a["name"]) == name_stem(b.get("name", ""))
+    return similarity >= cross or bool(same_name and similarity >= SAME_NAME_FLOOR)
+
+
 def find_duplicates(
-    rows: list[dict], sources: list[str], threshold: float = DEFAULT_THRESHOLD
+    rows: list[dict],
+    sources: list[str],
+    threshold: float = DEFAULT_THRESHOLD,
+    cross: float = CROSS_REPO_THRESHOLD,
 ) -> dict[int, tuple[int, str, float]]:
     """index of a dropped row → (index of the row kept, "duplicate" | "near_duplicate",
-    similarity to it). `sources[i]` is the kernel source of `rows[i]`."""
-    groups = _Groups(len(rows))
+    similarity to it). `sources[i]` is the kernel source of `rows[i]`; `rows[i]` has `repo` and
+    `name` (the kernel's) besides what `_rank` reads.
+
+    Rows are taken best first and one is dropped only when it is a copy of a row already kept,
+    never of another dropped one: similarity is not transitive, and chaining would let two
+    different kernels fall through a third."""
     toks = [tokens(s) for s in sources]
     keys = [hashlib.sha256(" ".join(t).encode()).hexdigest() for t in toks]
-    first: dict[str, int] = {}
-    for i, key in enumerate(keys):
-        if key in first:
-            groups.join(i, first[key])
-        else:
-            first[key] = i
-    distinct = sorted(first.values())
-    for x, y, _ in near_pairs([toks[i] for i in distinct], threshold):
-        groups.join(distinct[x], distinct[y])
-    clusters: dict[int, list[int]] = defaultdict(list)
-    for i in range(len(rows)):
-        clusters[groups.find(i)].append(i)
+    floor = min(threshold, cross, SAME_NAME_FLOOR)
+    similar: dict[int, dict[int, float]] = defaultdict(dict)
+    for i, j, sim in near_pairs(toks, floor):
+        similar[i][j] = similar[j][i] = sim
+    by_stem: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_stem[name_stem(row.get("name", ""))].append(i)
+    for members in by_stem.values():  # same name across repositories: compared even when
+        for x, i in enumerate(members):  # MinHash would not propose them (recall ~0.87 at 0.5)
+            for j in members[x + 1 :]:
+                if j not in similar[i] and rows[i].get("repo") != rows[j].get("repo"):
+                    sim = jaccard(shingles(toks[i]), shingles(toks[j]))
+                    similar[i][j] = similar[j][i] = sim
+    kept: set[int] = set()
+    first_key: dict[str, int] = {}
     dropped: dict[int, tuple[int, str, float]] = {}
-    for members in clusters.values():
-        keep = min(members, key=lambda i: _rank(rows[i]))
-        for i in members:
-            if i == keep:
-                continue
-            if keys[i] == keys[keep]:
-                dropped[i] = (keep, "duplicate", 1.0)
-            else:
-                similarity = jaccard(shingles(toks[i]), shingles(toks[keep]))
-                dropped[i] = (keep, "near_duplicate", similarity)
+    for i in sorted(range(len(rows)), key=lambda i: _rank(rows[i])):
+        if keys[i] in first_key:
+            dropped[i] = (first_key[keys[i]], "duplicate", 1.0)
+            continue
+        near = [
+            (sim, k)
+            for k, sim in similar[i].items()
+            if k in kept and _near(rows[i], rows[k], sim, threshold, cross)
+        ]
+        if near:
+            sim, k = max(near)
+            dropped[i] = (k, "near_duplicate", sim)
+            continue
+        first_key[keys[i]] = i
+        kept.add(i)
     return dropped

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from curation import describe, licenses
 from curation.decontam import DEFAULT_OVERLAP, Excluded
-from curation.dedup import DEFAULT_THRESHOLD, find_duplicates
+from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplicates
 from curation.instructions import effective, read_label
 from curation.rows import FEATURES, build_row
 from curation.store import DB_NAME, Decision, Store
@@ -41,7 +41,7 @@ class Drop(StrEnum):
     LICENSE = "license"
     CONTAMINATED = "contaminated"  # overlaps a source given with --exclude
     DUPLICATE = "duplicate"  # the same kernel, comments and whitespace aside
-    NEAR_DUPLICATE = "near_duplicate"  # MinHash similarity at or above the threshold
+    NEAR_DUPLICATE = "near_duplicate"  # shingle similarity at or above the thresholds
 
 
 class ExportError(Exception):
@@ -56,6 +56,7 @@ class Options:
     exclude: list[Path] = field(default_factory=list)
     overlap: float = DEFAULT_OVERLAP
     threshold: float = DEFAULT_THRESHOLD
+    cross_threshold: float = CROSS_REPO_THRESHOLD
     sources: dict[str, str] = field(default_factory=dict)  # local path → public URL
     shard_rows: int = SHARD_ROWS
     describe_with: Callable[[Store], object] | None = None  # store → LLM client, or None
@@ -121,6 +122,8 @@ def _picks(store: Store, workdir: Path, opts: Options, drops: list[dict]) -> lis
             {
                 "id": cand.id,
                 "kill_rate": _metric(cand, "kill_rate"),
+                "repo": prov.repo_url,
+                "name": cand.kernel.name,
                 "num_cases": cand.tests.num_cases,
                 "num_shapes": cand.tests.num_shapes,
             },
@@ -178,7 +181,10 @@ def _filter(picks: list[_Pick], opts: Options, drops: list[dict]) -> list[_Pick]
                 clean.append(p)
         kept = clean
     dupes = find_duplicates(
-        [p.summary for p in kept], [p.cand.kernel.source for p in kept], opts.threshold
+        [p.summary for p in kept],
+        [p.cand.kernel.source for p in kept],
+        opts.threshold,
+        opts.cross_threshold,
     )
     for i, (keep, kind, similarity) in sorted(dupes.items()):
         drops.append(
@@ -252,8 +258,10 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
     started = time.perf_counter()
     if not opts.workdirs:
         raise ExportError("give at least one --workdir")
-    if not 0.0 < opts.threshold <= 1.0 or not 0.0 < opts.overlap <= 1.0:
-        raise ExportError("--near-dup-threshold and --exclude-overlap must be in (0, 1]")
+    if not all(0.0 < v <= 1.0 for v in (opts.threshold, opts.cross_threshold, opts.overlap)):
+        raise ExportError(
+            "--near-dup-threshold, --cross-repo-threshold and --exclude-overlap must be in (0, 1]"
+        )
     stores = [(w, _open(w)) for w in opts.workdirs]
     drops: list[dict] = []
     try:
@@ -292,6 +300,7 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
                     "exclude": [str(p) for p in opts.exclude],
                     "exclude_overlap": opts.overlap,
                     "near_dup_threshold": opts.threshold,
+                    "cross_repo_threshold": opts.cross_threshold,
                 },
                 "workdirs": funnels,
                 "seconds": 0.0,

@@ -21,6 +21,7 @@ from testgen.testcode import TOLERANCES
 
 SECTIONS = ("What it computes", "Kernel", "Binding", "Constraints")
 _POINTER = re.compile(r"\*")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ARITHMETIC = re.compile(
     r"(unsigned |signed )?(bool|char|short|int|long|long long|float|double|half|__half|"
     r"size_t|u?int(8|16|32|64)_t|at::Half|c10::Half|scalar_t|index_t|int64|int32)"
@@ -57,7 +58,7 @@ def _role(param_type: str, templates: set[str]) -> str:
 
 def _kernel_head(cand: Candidate) -> str:
     """The kernel's declaration as written (template header included), without its body."""
-    head = cand.kernel.source.split("{", 1)[0]
+    head = _COMMENT.sub(" ", cand.kernel.source).split("{", 1)[0]
     return " ".join(head.split())
 
 
@@ -87,10 +88,11 @@ def complete_text(cand: Candidate, label_text: str, description: Description) ->
         "## Kernel",
         f"`{_kernel_head(cand)}`",
     ]
+    types = cand.tests.dtypes or cand.unit.compiled_types  # what the test dispatches to
     for tp in k.template_params:
         what = (
-            f"type parameter, instantiated for {', '.join(cand.unit.compiled_types)}"
-            if (tp.kind == "type" and cand.unit.compiled_types)
+            f"type parameter, instantiated for {', '.join(types)}"
+            if (tp.kind == "type" and types)
             else f"{tp.kind} parameter"
         )
         lines.append(f"- `{tp.name}` ({what})")

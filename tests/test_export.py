@@ -457,3 +457,35 @@ def test_model_descriptions_are_checked_stored_and_asked_once(tmp_path):
     with FakeLLM(load("describe/bias_leaky_relu_kernel")) as server:  # a rerun: nothing new
         run(server)
         assert server.chat_requests("kernel=bias_leaky_relu_kernel") == []
+
+
+def test_copies_between_repositories_need_less_similarity_than_siblings_within_one():
+    base = [f"v{i} = in[{i} * stride] * w{i % 7} + b;" for i in range(40)]
+    copy = list(base)
+    for i in range(0, 40, 2):  # a reformatted, partly renamed copy
+        copy[i] = f"u{i} = in[{i} * stride] * w{i % 7} + b;"
+    a, b = " ".join(base), " ".join(copy)
+    sim = dedup.jaccard(dedup.shingles(dedup.tokens(a)), dedup.shingles(dedup.tokens(b)))
+    assert 0.5 <= sim < 0.7
+    ranked = {"kill_rate": 1.0, "num_cases": 5, "num_shapes": 3}
+
+    def rows(*specs):
+        return [{"id": str(i), **ranked, "repo": r, "name": n} for i, (r, n) in enumerate(specs)]
+
+    same_repo = rows(("r1", "three_nn_forward_cuda_kernel"), ("r1", "three_nn_backward_kernel"))
+    assert dedup.find_duplicates(same_repo, [a, b]) == {}  # siblings at this similarity stay
+    other_name = rows(("r1", "three_nn_forward_cuda_kernel"), ("r2", "ball_query_kernel"))
+    assert dedup.find_duplicates(other_name, [a, b]) == {}
+    same_stem = rows(("r1", "three_nn_forward_cuda_kernel"), ("r2", "three_nn_kernel_fast"))
+    assert dedup.find_duplicates(same_stem, [a, b]) == {1: (0, "near_duplicate", sim)}
+    assert dedup.name_stem("three_nn_kernel_fast") == dedup.name_stem(
+        "three_nn_forward_cuda_kernel"
+    )
+    # not transitive: a row is dropped only as the copy of a row that stays
+    chain = [" ".join(base[:30]), " ".join(base[5:35]), " ".join(base[10:40])]
+    sets = [dedup.shingles(dedup.tokens(c)) for c in chain]
+    near, far = dedup.jaccard(sets[0], sets[1]), dedup.jaccard(sets[0], sets[2])
+    assert dedup.jaccard(sets[1], sets[2]) == pytest.approx(near) and far < near
+    three = [{"id": str(i), **ranked, "repo": "r", "name": f"k{i}"} for i in range(3)]
+    dropped = dedup.find_duplicates(three, chain, threshold=(near + far) / 2)
+    assert dropped == {1: (0, "near_duplicate", pytest.approx(near))}  # 2 stays: 1 is gone
