@@ -496,6 +496,7 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "gpu": "FakeGPU 80GB",
         "torch": "0.0.0+fake",
         "cuda": "12.9",
+        "nvcc": runner._nvcc_version(),  # the release of the nvcc on PATH here ('' without one)
         "cases": FAKE_CASES,
         "valid_cases": 5,
         "valid_shapes": 3,
