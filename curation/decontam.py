@@ -43,9 +43,10 @@ class Excluded:
                 data = f.read_bytes()
                 if b"\0" in data[:4096]:
                     continue
-                found.files.append(str(f))
+                name = f.relative_to(path.parent).as_posix()  # as given, not this machine's
+                found.files.append(name)
                 for g in _grams(tokens(data.decode("utf-8", errors="replace"), strings=False)):
-                    found.grams.setdefault(g, str(f))
+                    found.grams.setdefault(g, name)
         return found
 
     def match(self, source: str, overlap: float = DEFAULT_OVERLAP) -> tuple[float, str]:

@@ -272,9 +272,11 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
                 p.summary["order"] = order
             found = funnel(store)
             found["repo"] = found.get("repo") or {"url": "", "commit": "", "license": ""}
-            found["repo"]["public_url"] = public_url(found["repo"]["url"], opts.sources)
+            # the report is published with the rows: it names the repository, not this machine
+            found["repo"]["url"] = public_url(found["repo"]["url"], opts.sources)
+            found["repo"]["public_url"] = found["repo"]["url"]
             accepted = len(store.reviews(Decision.ACCEPTED))
-            funnels.append({"workdir": str(workdir), "accepted": accepted, **found})
+            funnels.append({"workdir": workdir.name, "accepted": accepted, **found})
             picks += mine
         progress(f"{len(picks)} accepted candidates with their files")
         kept = _filter(picks, opts, drops)
@@ -297,7 +299,7 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
                 "describe_failures": llm_failures,
                 "options": {
                     "allow_license": sorted(licenses.allowed(opts.allow_license)),
-                    "exclude": [str(p) for p in opts.exclude],
+                    "exclude": [p.name for p in opts.exclude],
                     "exclude_overlap": opts.overlap,
                     "near_dup_threshold": opts.threshold,
                     "cross_repo_threshold": opts.cross_threshold,

@@ -489,3 +489,9 @@ def test_copies_between_repositories_need_less_similarity_than_siblings_within_o
     three = [{"id": str(i), **ranked, "repo": "r", "name": f"k{i}"} for i in range(3)]
     dropped = dedup.find_duplicates(three, chain, threshold=(near + far) / 2)
     assert dropped == {1: (0, "near_duplicate", pytest.approx(near))}  # 2 stays: 1 is gone
+
+
+def test_the_report_names_repositories_not_paths_of_this_machine(exported, workdirs):
+    report = (exported / "export_report.json").read_text()
+    assert str(workdirs["alpha"]) not in report and str(FIXTURES) not in report
+    assert json.loads(report)["workdirs"][0]["repo"]["url"] == "https://example.org/alpha"
