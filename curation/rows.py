@@ -3,7 +3,8 @@
 The schema is explicit so a row's types never depend on which values a batch happens to hold
 (an all-null `kernel_time_us` column would otherwise load as `null`), and so the card can print
 it. Every row can be rebuilt from (repo, commit, path, toolchain): the text fields are the files
-kminer wrote for the candidate, read back as they are.
+kminer wrote for the candidate, read back as they are, except that a repository mined from a
+local path is named in their comments by its public URL (a row names no path of this machine).
 """
 
 from __future__ import annotations
@@ -115,13 +116,18 @@ def build_row(
     verify = cand.stage(Stage.VERIFY)
     metrics = verify.metrics if verify else {}
     k = cand.kernel
+    mined_from = cand.provenance.repo_url
+
+    def public(text: str) -> str:  # the files' headers name the repository as it was mined
+        return text.replace(mined_from, repo_url) if mined_from != repo_url else text
+
     return {
         "id": cand.id,
         "instruction": inst.instruction,
         "instruction_complete": inst.instruction_complete,
-        "label": label_text,
-        "test_code": _text(workdir, cand.tests.path),
-        "reference_code": _text(workdir, cand.reference.path),
+        "label": public(label_text),
+        "test_code": public(_text(workdir, cand.tests.path)),
+        "reference_code": public(_text(workdir, cand.reference.path)),
         "reference_kind": cand.reference.kind,
         "kernel_name": k.name,
         "op": cand.wrapper.op_map.get("python_name") or (cand.wrapper.functions or [""])[0],

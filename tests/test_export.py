@@ -37,6 +37,7 @@ SECRETS = {"HF_TOKEN": "hf_SeCrEt0123456789abcdef", "OPENAI_API_KEY": "sk-SeCrEt
 def label_for(cand) -> str:
     fn = cand.kernel.name.removesuffix("_kernel")
     return (
+        f"// kminer label {cand.id}: from {cand.provenance.repo_url} @ {cand.provenance.commit}\n"
         "#include <torch/extension.h>\n\n"
         f"{cand.kernel.source}\n\n"
         f"void {fn}(torch::Tensor input, torch::Tensor output) {{\n"
@@ -377,6 +378,9 @@ def test_publish_refuses_a_missing_card_unknown_licenses_an_empty_set_and_local_
         )
     )
     assert kminer("publish", str(local), "--repo-id", "o/n", "--dry-run").returncode == 0
+    (row,) = [json.loads(x) for x in (local / "train.jsonl").read_text().splitlines()]
+    assert row["label"].startswith(f"// kminer label {row['id']}: from https://example.org/gamma @")
+    assert str(FIXTURES) not in (local / "train.jsonl").read_text()
 
 
 def test_near_duplicate_search_matches_exact_jaccard():
