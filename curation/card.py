@@ -71,7 +71,7 @@ def render(
 ) -> str:
     """The card's text for `rows` (their light fields) and the export `report`."""
     by_repo = Counter(r["repo"] for r in rows)
-    sources = sorted({(r["repo"], r["commit"][:12], r["license"]) for r in rows})
+    by_source = Counter((r["repo"], r["commit"][:12], r["license"]) for r in rows)
     funnel = []
     for f in report["workdirs"]:
         name = f["repo"].get("public_url") or f["workdir"]
@@ -111,17 +111,8 @@ def render(
             threshold=report["options"]["near_dup_threshold"],
             cross_threshold=report["options"]["cross_repo_threshold"],
             sources=[
-                {
-                    "repo": r,
-                    "commit": c,
-                    "license": lic,
-                    "rows": sum(
-                        1
-                        for x in rows
-                        if (x["repo"], x["commit"][:12], x["license"]) == (r, c, lic)
-                    ),
-                }
-                for r, c, lic in sources
+                {"repo": r, "commit": c, "license": lic, "rows": n}
+                for (r, c, lic), n in sorted(by_source.items())
             ],
             schema=[
                 {"name": n, "type": _type(f), "meaning": DESCRIPTIONS[n]}

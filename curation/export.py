@@ -28,7 +28,7 @@ from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplica
 from curation.instructions import effective, read_label
 from curation.rows import FEATURES, build_row
 from curation.store import DB_NAME, Decision, Store
-from miner.candidate import Candidate
+from miner.candidate import Candidate, Stage
 
 MANAGED = ("data", "README.md", "train.jsonl", "export_report.json")
 SHARD_ROWS = 1000
@@ -104,24 +104,27 @@ def _open(workdir: Path) -> Store:
     return Store.open(workdir)
 
 
-def _picks(store: Store, workdir: Path, opts: Options, drops: list[dict]) -> list[_Pick]:
-    accepted = store.reviews(Decision.ACCEPTED)
-    roots = {(r.url, r.commit): Path(r.root) if r.root else None for r in store.repos()}
+def _picks(
+    store: Store, workdir: Path, accepted: dict[str, dict], opts: Options, drops: list[dict]
+) -> list[_Pick]:
+    repos = store.repos()
+    roots = {(r.url, r.commit): Path(r.root) if r.root else None for r in repos}
+    urls = {r.url: public_url(r.url, opts.sources) for r in repos}  # a git open per repository
     picks = []
     for cand in store.iter_candidates():
         if cand.id not in accepted:
             continue
-        prov = cand.provenance
+        prov, verify = cand.provenance, cand.stage(Stage.VERIFY)
         pick = _Pick(
             cand,
             accepted[cand.id],
             workdir,
             store,
-            public_url(prov.repo_url, opts.sources),
+            urls.get(prov.repo_url) or public_url(prov.repo_url, opts.sources),
             roots.get((prov.repo_url, prov.commit)),
             {
                 "id": cand.id,
-                "kill_rate": _metric(cand, "kill_rate"),
+                "kill_rate": verify.metrics.get("kill_rate") if verify else None,
                 "repo": prov.repo_url,
                 "name": cand.kernel.name,
                 "num_cases": cand.tests.num_cases,
@@ -138,11 +141,6 @@ def _picks(store: Store, workdir: Path, opts: Options, drops: list[dict]) -> lis
         else:
             picks.append(pick)
     return picks
-
-
-def _metric(cand: Candidate, key: str):
-    verify = cand.stages.get("verify")
-    return verify.metrics.get(key) if verify else None
 
 
 def _drop(p: _Pick, reason: Drop, detail: str, kept: str = "") -> dict:
@@ -203,9 +201,7 @@ def _rows(picks: list[_Pick], model_text: dict[str, str]):
         label = read_label(p.workdir, p.cand)
         desc = describe.description(model_text.get(p.cand.id, ""), p.cand, p.root)
         inst = effective(p.cand, p.review, label, desc)
-        yield build_row(
-            p.cand, p.review, p.repo_url, p.cand.provenance.license, p.workdir, label, inst
-        )
+        yield build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst)
 
 
 def _write_shards(rows, total: int, stage: Path, shard_rows: int) -> list[dict]:
@@ -267,7 +263,8 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
     try:
         picks, funnels = [], []
         for order, (workdir, store) in enumerate(stores):
-            mine = _picks(store, workdir, opts, drops)
+            accepted = store.reviews(Decision.ACCEPTED)
+            mine = _picks(store, workdir, accepted, opts, drops)
             for p in mine:
                 p.summary["order"] = order
             found = funnel(store)
@@ -275,8 +272,7 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
             # the report is published with the rows: it names the repository, not this machine
             found["repo"]["url"] = public_url(found["repo"]["url"], opts.sources)
             found["repo"]["public_url"] = found["repo"]["url"]
-            accepted = len(store.reviews(Decision.ACCEPTED))
-            funnels.append({"workdir": workdir.name, "accepted": accepted, **found})
+            funnels.append({"workdir": workdir.name, "accepted": len(accepted), **found})
             picks += mine
         progress(f"{len(picks)} accepted candidates with their files")
         kept = _filter(picks, opts, drops)
