@@ -22,8 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from curation.export import Options, export
-from curation.store import Decision, Store
-from miner.candidate import Candidate, Kernel, Param, Provenance, Stage, StageResult, Status
+from curation.reviews import Decision, Reviews
+from miner.candidate import Candidate, Kernel, Param, Provenance, StageName, StageResult, Status
+from miner.store import Store
 
 TARGET_S = 60.0
 WORDS = ["x", "y", "idx", "acc", "w", "h", "c", "n", "offset", "stride", "val", "tmp", "sum"]
@@ -93,7 +94,7 @@ def build(workdir: Path, n: int, dupes: int) -> None:
             "cuda": "13.0",
             "cases": [{"shape": [[64], [64]]}],
         }
-        c.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+        c.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics=metrics))
         label = f"{source}\nvoid launch_{i}(at::Tensor x, at::Tensor y) {{}}\n{label_pad}"
         (workdir / c.wrapper.label_path).write_text(label)
         (workdir / c.tests.path).write_text(f'FUNCTION = "launch_{i}"\n{test_pad}')
@@ -102,7 +103,7 @@ def build(workdir: Path, n: int, dupes: int) -> None:
     for start in range(0, len(cands), 1000):
         store.save(cands[start : start + 1000], repo)
     for c in cands:
-        store.write_review(c.id, 0, "bench", "accept", decision=Decision.ACCEPTED)
+        Reviews(store).write(c.id, 0, "bench", "accept", decision=Decision.ACCEPTED)
     store.close()
 
 

@@ -73,10 +73,10 @@ def _has_cuda_libs() -> bool:
 
 
 def build_compile(sources: list[Path], tmp: Path, jobs: int) -> tuple[bool, float, float, str]:
-    from wrappers.build import build_flags
+    from miner.toolchain import extension_flags
 
     def one(src: Path):
-        return run_child(["nvcc", "-c", *build_flags(), str(src), "-o", str(src) + ".o"])
+        return run_child(["nvcc", "-c", *extension_flags(), str(src), "-o", str(src) + ".o"])
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:

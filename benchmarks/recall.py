@@ -27,7 +27,7 @@ def found_from_repo(repo: Path) -> tuple[list[tuple[str, str, int]], float]:
 
 
 def found_from_workdir(workdir: Path) -> list[tuple[str, str, int]]:
-    from curation.store import Store
+    from miner.store import Store
 
     store = Store.open(workdir)
     repo = store.repo()

@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from curation.store import Store  # noqa: E402
 from miner.discover import discover  # noqa: E402
+from miner.store import Store  # noqa: E402
 from testgen.reference import RepoRefs, find_reference  # noqa: E402
 from wrappers.batching import batch_source  # noqa: E402
 

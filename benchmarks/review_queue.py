@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_server_api import Served
 
 from curation import curators
-from curation.store import Store
-from miner.candidate import Candidate, Kernel, Provenance, Stage, StageResult, Status
+from miner.candidate import Candidate, Kernel, Provenance, StageName, StageResult, Status
+from miner.store import Store
 
 TARGET_MS = 300.0
 OUTCOMES = ("pass", "pass", "pass", "mismatch", "weak_test", "build_error", "timeout")
@@ -43,7 +43,7 @@ def synthetic(i: int) -> Candidate:
     cases = [{"id": f"case_{j}", **case} for j in range(10)]
     metrics = {"outcome": OUTCOMES[i % len(OUTCOMES)], "kill_rate": 1.0 if i % 4 else 0.67}
     metrics.update(kernel_time_us=5.0 + (i % 997) / 7, cases=cases, gpu="NVIDIA H100")
-    c.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+    c.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics=metrics))
     return c
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from curation.store import Base, Store, _now
+from curation.reviews import Base, ensure_tables
+from miner.store import Store, now
 
 SESSION_DAYS = 14
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -30,7 +31,7 @@ class CuratorRow(Base):
     __tablename__ = "curators"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(default=now)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
 
 
@@ -39,7 +40,7 @@ class SessionRow(Base):
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     curator: Mapped[str] = mapped_column(String(64), index=True)
     csrf: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(default=now)
 
 
 class CuratorError(ValueError):
@@ -53,6 +54,11 @@ class Who:
     csrf: str = ""  # set for a browser session: its forms must carry it
 
 
+def _session(store: Store) -> Session:
+    ensure_tables(store.engine)
+    return Session(store.engine)
+
+
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -62,7 +68,7 @@ def add(store: Store, name: str) -> str:
     if not _NAME.match(name):
         raise CuratorError(f"bad curator name {name!r}: letters, digits, _ . @ - (at most 64)")
     token = "kmc_" + secrets.token_urlsafe(32)
-    with Session(store.engine) as s:
+    with _session(store) as s:
         if s.get(CuratorRow, name) is not None:
             raise CuratorError(f"curator {name!r} exists (revoke it, or choose another name)")
         s.add(CuratorRow(name=name, token_hash=_hash(token)))
@@ -71,7 +77,7 @@ def add(store: Store, name: str) -> str:
 
 
 def listing(store: Store) -> list[dict]:
-    with Session(store.engine) as s:
+    with _session(store) as s:
         rows = s.scalars(select(CuratorRow).order_by(CuratorRow.name))
         return [
             {"name": r.name, "created_at": r.created_at, "revoked_at": r.revoked_at} for r in rows
@@ -80,12 +86,12 @@ def listing(store: Store) -> list[dict]:
 
 def revoke(store: Store, name: str) -> None:
     """Revoke a curator's token and end their sessions."""
-    with Session(store.engine) as s:
+    with _session(store) as s:
         row = s.get(CuratorRow, name)
         if row is None:
             raise CuratorError(f"no curator {name!r}")
         if row.revoked_at is None:
-            row.revoked_at = _now()
+            row.revoked_at = now()
         s.query(SessionRow).filter(SessionRow.curator == name).delete()
         s.commit()
 
@@ -95,7 +101,7 @@ def by_token(store: Store, token: str) -> Who | None:
     if not token:
         return None
     digest = _hash(token)
-    with Session(store.engine) as s:
+    with _session(store) as s:
         row = s.scalars(select(CuratorRow).where(CuratorRow.token_hash == digest)).first()
         if row is None or not hmac.compare_digest(row.token_hash, digest):
             return None
@@ -105,7 +111,7 @@ def by_token(store: Store, token: str) -> Who | None:
 def open_session(store: Store, name: str) -> str:
     """A new browser session for `name`; returns its id (the cookie value)."""
     session_id = secrets.token_urlsafe(32)
-    with Session(store.engine) as s:
+    with _session(store) as s:
         s.add(SessionRow(id_hash=_hash(session_id), curator=name, csrf=secrets.token_urlsafe(24)))
         s.commit()
     return session_id
@@ -114,9 +120,9 @@ def open_session(store: Store, name: str) -> str:
 def by_session(store: Store, session_id: str) -> Who | None:
     if not session_id:
         return None
-    with Session(store.engine) as s:
+    with _session(store) as s:
         row = s.get(SessionRow, _hash(session_id))
-        if row is None or _now() - row.created_at > dt.timedelta(days=SESSION_DAYS):
+        if row is None or now() - row.created_at > dt.timedelta(days=SESSION_DAYS):
             return None
         curator = s.get(CuratorRow, row.curator)
         revoked = curator is None or curator.revoked_at is not None
@@ -124,6 +130,6 @@ def by_session(store: Store, session_id: str) -> Who | None:
 
 
 def close_session(store: Store, session_id: str) -> None:
-    with Session(store.engine) as s:
+    with _session(store) as s:
         s.query(SessionRow).filter(SessionRow.id_hash == _hash(session_id)).delete()
         s.commit()

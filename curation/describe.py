@@ -16,7 +16,7 @@ from pathlib import Path
 
 from curation.instructions import Description, function_of, read_label
 from miner.candidate import Candidate
-from testgen.llm_turns import Answer, ask_checked
+from wrappers.llm.turns import Answer, ask_checked
 
 STEP = "describe"
 TEMPLATE = "llm_describe.v1.j2"

@@ -26,9 +26,10 @@ from curation import describe, licenses
 from curation.decontam import DEFAULT_OVERLAP, Excluded
 from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplicates
 from curation.instructions import effective, read_label
+from curation.reviews import Decision, Reviews
 from curation.rows import FEATURES, build_row
-from curation.store import DB_NAME, Decision, Store
-from miner.candidate import Candidate, Stage
+from miner.candidate import Candidate, StageName
+from miner.store import DB_NAME, Store
 
 MANAGED = ("data", "README.md", "train.jsonl", "export_report.json")
 SHARD_ROWS = 1000
@@ -114,7 +115,7 @@ def _picks(
     for cand in store.iter_candidates():
         if cand.id not in accepted:
             continue
-        prov, verify = cand.provenance, cand.stage(Stage.VERIFY)
+        prov, verify = cand.provenance, cand.stage(StageName.VERIFY)
         pick = _Pick(
             cand,
             accepted[cand.id],
@@ -263,7 +264,7 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
     try:
         picks, funnels = [], []
         for order, (workdir, store) in enumerate(stores):
-            accepted = store.reviews(Decision.ACCEPTED)
+            accepted = Reviews(store).all(Decision.ACCEPTED)
             mine = _picks(store, workdir, accepted, opts, drops)
             for p in mine:
                 p.summary["order"] = order

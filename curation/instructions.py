@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from miner.candidate import Candidate, Stage
+from miner.candidate import Candidate, StageName
 from testgen.made_inputs import label_signature
 from testgen.testcode import TOLERANCES
 
@@ -63,7 +63,7 @@ def _kernel_head(cand: Candidate) -> str:
 
 
 def _shapes(cand: Candidate, tensor_names: list[str]) -> str:
-    verify = cand.stage(Stage.VERIFY)
+    verify = cand.stage(StageName.VERIFY)
     cases = (verify.metrics.get("cases") or []) if verify else []
     if not cases or not tensor_names:
         return ""

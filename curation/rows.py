@@ -15,7 +15,7 @@ from datasets import Features, Sequence, Value
 
 from curation.instructions import Instructions
 from miner import __version__
-from miner.candidate import Candidate, Stage
+from miner.candidate import Candidate, StageName
 
 FEATURES = Features(
     {
@@ -112,7 +112,7 @@ def build_row(
     label_text: str,
     inst: Instructions,
 ) -> dict:
-    verify = cand.stage(Stage.VERIFY)
+    verify = cand.stage(StageName.VERIFY)
     metrics = verify.metrics if verify else {}
     k = cand.kernel
     mined_from = cand.provenance.repo_url

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from curation import queue
-from curation import server as api
-from miner.candidate import Stage
+from curation import api, auth, queue
+from curation.reviews import Decision
+from miner.candidate import StageName
+from miner.store import QueueRow, RepoRow
 from testgen.testcode import TOLERANCES
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "prompts" / "ui"
@@ -53,7 +54,7 @@ _env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoesc
 
 
 def _render(name: str, request: Request, status: int = 200, **ctx) -> HTMLResponse:
-    found = api.who(request)
+    found = auth.who(request)
     ctx.setdefault("who", found.name if found and not found.revoked else "")
     ctx.setdefault("csrf", found.csrf if found else "")
     return HTMLResponse(_env.get_template(name).render(**ctx), status_code=status)
@@ -61,7 +62,7 @@ def _render(name: str, request: Request, status: int = 200, **ctx) -> HTMLRespon
 
 def _reader(request: Request):
     """The curator reading, or a redirect to the login page (None when reading is public)."""
-    found = api.who(request)
+    found = auth.who(request)
     if request.app.state.public_read:
         return found
     if found is None or not found.name or found.revoked:
@@ -103,8 +104,8 @@ def queue_page(request: Request, sort: str = "kernel", page: int = 1):
 
 def _choices(store, key: str) -> list[str]:
     if key == "status":
-        return [d.value for d in api.Decision]
-    column = queue.RepoRow.url if key == "repo" else getattr(queue.QueueRow, key)
+        return [d.value for d in Decision]
+    column = RepoRow.url if key == "repo" else getattr(QueueRow, key)
     with Session(store.engine) as s:
         return sorted(v for v in s.scalars(select(column).distinct()) if v)
 
@@ -125,11 +126,12 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
     found = _reader(request)
     if isinstance(found, RedirectResponse):
         return found
-    store, workdir = request.app.state.store, request.app.state.workdir
-    cand = api._candidate(request, cand_id)
-    data = api.detail(store, cand, workdir)
+    state = request.app.state
+    store, workdir = state.store, state.workdir
+    cand = api.candidate(request, cand_id)
+    data = api.detail(state, cand)
     verify = {"kernel_time_us": None, "kill_rate": None, "cases": [], "variants": [], "gpu": ""}
-    verify.update(data["stages"].get(Stage.VERIFY.value, {}))  # none yet: unverified
+    verify.update(data["stages"].get(StageName.VERIFY.value, {}))  # none yet: unverified
     files = []
     for title, rel in (
         ("Label", cand.wrapper.label_path),
@@ -146,7 +148,7 @@ def candidate_page(request: Request, cand_id: str, status: int, flash: dict):
             "action": a["action"],
             "change": _change(a["before"], a["after"]),
         }
-        for a in store.audit(cand_id)
+        for a in state.reviews.audit(cand_id)
     ]
     prev_id, next_id = queue.neighbours(store, cand_id)
     return _render(
@@ -178,7 +180,7 @@ def _change(before: dict, after: dict) -> str:
     return "; ".join(f"{k}: {before.get(k)!r} → {after[k]!r}" for k in keys)
 
 
-async def form_write(request: Request, cand_id: str, action: str, by: api.Writer):
+async def form_write(request: Request, cand_id: str, action: str, by: auth.Writer):
     """A form's write (review, instruction, label) through the API's own function for it."""
     if action not in api.WRITES:
         raise HTTPException(404, f"no action {action!r}")
@@ -189,7 +191,7 @@ async def form_write(request: Request, cand_id: str, action: str, by: api.Writer
 
 
 def _apply(request: Request, cand_id: str, write) -> HTMLResponse | RedirectResponse:
-    cand = api._candidate(request, cand_id)
+    cand = api.candidate(request, cand_id)
     try:
         after = write(cand)
     except ValidationError as exc:

@@ -7,13 +7,14 @@ failure names a `Reason` from a closed set, so the funnel and the review UI can 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
 
-class Stage(StrEnum):
+class StageName(StrEnum):
     DISCOVER = "discover"
     CLOSURE = "closure"
     COMPILE = "compile"
@@ -61,6 +62,9 @@ class Reason(StrEnum):
     TIMEOUT = "timeout"
     WEAK_TEST = "weak_test"  # the test passed a deliberately wrong kernel
     NO_GPU = "no_gpu"
+    # any stage: a bug of kminer's on this candidate (the traceback is in the run's log); the
+    # result is not keyed, so the next run tries again
+    INTERNAL_ERROR = "internal_error"
 
 
 class FileSkip(StrEnum):
@@ -208,13 +212,21 @@ class Candidate(BaseModel):
     def launched(self) -> bool:
         return bool(self.launches)
 
-    def set_stage(self, stage: Stage, result: StageResult) -> None:
+    def matches(self, pattern: str | None) -> bool:
+        """Whether `--filter` selects this candidate: a glob on its file, its kernel's name or
+        `file::kernel` (no pattern: every candidate)."""
+        if not pattern:
+            return True
+        k = self.kernel
+        return any(fnmatch.fnmatch(s, pattern) for s in (k.file, k.name, f"{k.file}::{k.name}"))
+
+    def set_stage(self, stage: StageName, result: StageResult) -> None:
         self.stages[stage.value] = result
 
-    def stage(self, stage: Stage) -> StageResult | None:
+    def stage(self, stage: StageName) -> StageResult | None:
         return self.stages.get(stage.value)
 
-    def clear_stage(self, stage: Stage) -> None:
+    def clear_stage(self, stage: StageName) -> None:
         """Forget a stage's result: what it was about has changed (a new test is unverified)."""
         self.stages.pop(stage.value, None)
 
@@ -242,11 +254,11 @@ class Candidate(BaseModel):
         show their figures, None or the record's values where the stage did not set them."""
         out = {"status": r.status.value, "reason": r.reason.value if r.reason else None}
         out["detail"] = r.detail
-        if name == Stage.TESTGEN:
+        if name == StageName.TESTGEN:
             out["num_cases"] = self.tests.num_cases if self.tests.path else 0
             out["num_shapes"] = self.tests.num_shapes if self.tests.path else 0
             out["reference_kind"] = self.reference.kind
-        elif name == Stage.VERIFY:
+        elif name == StageName.VERIFY:
             out.update(kill_rate=None, kernel_time_us=None)
         out.update(r.metrics)
         out["status"] = r.metrics.get("outcome") or r.status.value

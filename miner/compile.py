@@ -1,35 +1,25 @@
 """nvcc is the arbiter: each unit is compiled (`-c`, no GPU needed) and the verdict recorded.
 
-Units that need torch types get the torch include dirs and the flags `cpp_extension` would pass;
-the others compile bare (~2 s instead of ~10 s). A launch stub for a dtype the template does not
-support (half through `max`, say) is dropped and the unit compiled again, so the record says
-which dtypes the kernel really allows.
+Units that need torch types get the torch include dirs and the flags `cpp_extension` would
+pass (toolchain.py); the others compile bare (~2 s instead of ~10 s). A launch stub for a dtype
+the template does not support (half through `max`, say) is dropped and the unit compiled again,
+so the record says which dtypes the kernel really allows.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
-import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
+from miner import toolchain
 from miner.candidate import Reason, Status
 from miner.unit import drop_instantiations, instantiation_lines
 
-ARCH = "sm_90"
-TORCH_NVCC_FLAGS = (
-    "-D__CUDA_NO_HALF_OPERATORS__",
-    "-D__CUDA_NO_HALF_CONVERSIONS__",
-    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-D__CUDA_NO_HALF2_OPERATORS__",
-    "--expt-relaxed-constexpr",
-)
 _ERROR = re.compile(
     r"^(?P<file>[^\n(]*)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.MULTILINE
 )
@@ -47,61 +37,25 @@ class CompileResult:
     seconds: float = 0.0
 
 
-@functools.cache
-def nvcc_path() -> str | None:
-    return shutil.which("nvcc")
-
-
-@functools.cache
-def nvcc_version() -> str:
-    nvcc = nvcc_path()
-    if not nvcc:
-        return "none"
-    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
-    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
-
-
-@functools.cache
-def torch_include_dirs() -> tuple[str, ...]:
-    """Include dirs of the installed torch (headers only; the CPU wheel is enough)."""
-    try:
-        spec = __import__("importlib.util").util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return ()
-    base = Path(next(iter(spec.submodule_search_locations))) / "include"
-    shim = Path(str(resources.files("miner") / "stubs" / "torch_shim"))
-    cccl = Path(nvcc_path() or "/usr/local/cuda/bin/nvcc").resolve().parent.parent / "include/cccl"
-    dirs = [base, base / "torch/csrc/api/include", shim]
-    if cccl.is_dir():
-        dirs.append(cccl)
-    return tuple(str(d) for d in dirs)
-
-
 def nvcc_command(src: Path, obj: Path, needs_torch: bool) -> list[str]:
-    cmd = [nvcc_path() or "nvcc", "-c", "-std=c++17", f"-arch={ARCH}", "-w"]
-    if needs_torch:
-        cmd += [f"-I{d}" for d in torch_include_dirs()] + list(TORCH_NVCC_FLAGS)
-    return [*cmd, str(src), "-o", str(obj)]
+    return [
+        toolchain.nvcc_path() or "nvcc",
+        "-c",
+        *toolchain.unit_flags(needs_torch),
+        str(src),
+        "-o",
+        str(obj),
+    ]
 
 
-def cache_key(unit_hash: str, needs_torch: bool) -> str:
-    """Key of a compile verdict: the rendered unit's hash, the compiler and its flags."""
+def cache_key(unit_hash: str, needs_torch: bool, code: str = "") -> str:
+    """Key of a compile verdict: the rendered unit's hash, the compiler, its flags, the torch
+    headers when it uses them, and the code that judges it (`code`)."""
     flags = " ".join(nvcc_command(Path("u.cu"), Path("u.o"), needs_torch)[1:])
     if needs_torch:
-        flags += " torch=" + _torch_version()
-    blob = "\0".join([nvcc_version(), flags, unit_hash])
+        flags += " torch=" + toolchain.torch_version()
+    blob = "\0".join([toolchain.nvcc_version(), flags, code, unit_hash])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-@functools.cache
-def _torch_version() -> str:
-    for d in torch_include_dirs()[:1]:
-        version = Path(d).parent / "version.py"
-        if version.exists():
-            return hashlib.sha256(version.read_bytes()).hexdigest()[:12]
-    return "none"
 
 
 def first_error(log: str) -> tuple[Reason, str]:
@@ -149,7 +103,7 @@ def compile_unit(
     text: str, needs_torch: bool, instantiations: list[str], timeout: float = 600
 ) -> CompileResult:
     """Compile; on errors confined to some dtypes' stubs, drop those and compile once more."""
-    if nvcc_path() is None:
+    if toolchain.nvcc_path() is None:
         return CompileResult(Status.SKIPPED, Reason.NO_COMPILER, "nvcc not found on PATH", text)
     code, log, seconds = _run_nvcc(text, needs_torch, timeout)
     full_log = log

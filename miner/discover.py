@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from miner.aliases import DEFINE_LINE, QualifierAliases, collect_aliases
+from miner.aliases import DEFINE_LINE, collect_aliases
 from miner.filemodel import FileModel, Item, KernelDef, refs_in
 from miner.launches import find_launch_sites
 from miner.macro_kernels import (
@@ -22,38 +21,12 @@ from miner.macro_kernels import (
     find_kernel_macros,
     name_macro_uses,
 )
-from miner.sources import Inventory, scan_tree
+from miner.repo_model import Discovery, FoundKernel
+from miner.sources import scan_tree
 from miner.textprep import blank_comments_and_strings, decode, first_branch_view, split_top
 from miner.treewalk import FileParser
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FoundKernel:
-    """A kernel definition plus where it lives; the Candidate is built from this."""
-
-    kdef: KernelDef
-    file: str
-    line: int  # of the __global__ token
-    start_line: int
-    end_line: int
-    source: str  # latin-1 view of its text
-    from_macro: str = ""
-    parse_fallback: bool = False
-
-
-@dataclass
-class Discovery:
-    root: Path
-    inventory: Inventory
-    models: dict[str, FileModel]
-    aliases: QualifierAliases
-    kernels: list[FoundKernel] = field(default_factory=list)
-    launches: dict[int, list] = field(default_factory=dict)  # id(kdef) → [LaunchSite]
-    declarations: int = 0
-    instantiations: int = 0
-    parse_errors: list[str] = field(default_factory=list)  # files with syntax errors
 
 
 def discover(root: Path, max_bytes: int | None = None, on_file=None) -> Discovery:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from miner.closure import Closure, compute_closure
 from miner.disambiguate import used_lines
-from miner.discover import Discovery, FoundKernel
 from miner.includes import IncludeResolver
 from miner.launches import include_graph, reachable
 from miner.linearize import Linearizer
+from miner.repo_model import Discovery, FoundKernel
 from miner.textprep import split_top
 from miner.unit import RenderedUnit, render_unit
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import TYPE_CHECKING
 
 from miner.aliases import DEFINE_LINE
 from miner.candidate import LaunchSite
 from miner.filemodel import Cond, FileModel, Include
 from miner.includes import IncludeResolver
 from miner.macro_kernels import split_args
-
-if TYPE_CHECKING:
-    from miner.discover import Discovery
+from miner.repo_model import Discovery
 
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 _LAUNCH_API = re.compile(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from miner.candidate import Candidate, Stage, Status
+from miner.candidate import Candidate, StageName, Status
 
 
 def funnel(store, repo_id: int | None = None) -> dict:
@@ -31,7 +31,13 @@ def funnel(store, repo_id: int | None = None) -> dict:
         "launched": sum(c.launched for c in cands),
         "not_launched": sum(not c.launched for c in cands),
     }
-    for stage in (Stage.CLOSURE, Stage.COMPILE, Stage.WRAP, Stage.BUILD, Stage.TESTGEN):
+    for stage in (
+        StageName.CLOSURE,
+        StageName.COMPILE,
+        StageName.WRAP,
+        StageName.BUILD,
+        StageName.TESTGEN,
+    ):
         results = [c.stage(stage) for c in cands]
         results = [r for r in results if r is not None]
         if not results:
@@ -40,13 +46,13 @@ def funnel(store, repo_id: int | None = None) -> dict:
             "status": dict(Counter(r.status.value for r in results)),
             "reasons": dict(Counter(r.reason.value for r in results if r.reason)),
         }
-    comp = [c for c in cands if (r := c.stage(Stage.COMPILE)) and r.status.value == "ok"]
+    comp = [c for c in cands if (r := c.stage(StageName.COMPILE)) and r.status.value == "ok"]
     out["unit_compiles"] = len(comp)
     out["compile_rate"] = round(len(comp) / len(cands), 4) if cands else 0.0
     out["needs_torch"] = sum(c.unit.needs_torch for c in cands)
     out["strategies"] = dict(Counter(c.wrapper.strategy for c in cands if c.wrapper.strategy))
     out["label_builds"] = sum(
-        1 for c in cands if (r := c.stage(Stage.BUILD)) and r.status.value == "ok"
+        1 for c in cands if (r := c.stage(StageName.BUILD)) and r.status.value == "ok"
     )
     out.update(_verification(cands))
     run = store.last_run()
@@ -58,8 +64,8 @@ def funnel(store, repo_id: int | None = None) -> dict:
 def _verification(cands: list[Candidate]) -> dict:
     """The funnel's tail: label builds → reference → tests → pass, with the reasons and outcomes
     (a verify outcome is `pass` or a reason; the kill rate is over the labels whose test ran)."""
-    testgen = [r for c in cands if (r := c.stage(Stage.TESTGEN))]
-    verify = [r for c in cands if (r := c.stage(Stage.VERIFY))]
+    testgen = [r for c in cands if (r := c.stage(StageName.TESTGEN))]
+    verify = [r for c in cands if (r := c.stage(StageName.VERIFY))]
     outcomes = Counter(str(r.metrics.get("outcome") or r.status.value) for r in verify)
     rates = [r.metrics["kill_rate"] for r in verify if r.metrics.get("kill_rate") is not None]
     out: dict = {

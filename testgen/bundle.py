@@ -20,14 +20,14 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miner.candidate import Candidate, Reason, Stage, StageResult, Status
-from testgen.stage import MIN_CASES, MIN_SHAPES
+from miner import toolchain
+from miner.candidate import Candidate, Reason, StageName, StageResult, Status
+from testgen.cases import MIN_CASES, MIN_SHAPES
+from testgen.standalone import PREBUILD, RUNNER
+from wrappers import batching
 
 log = logging.getLogger(__name__)
 
-RUNNER = Path(__file__).with_name("runner.py")
-PREBUILD = Path(__file__).with_name("prebuild.py")  # run.py's batched builds, and what they need
-BATCHING = Path(__file__).parent.parent / "wrappers" / "batching.py"
 REASONS = {
     "mismatch": Reason.MISMATCH,
     "build_error": Reason.BUILD_ERROR,
@@ -56,7 +56,7 @@ each wrong variant of its label: a test that passes a variant makes the outcome 
 Bring results.json back and read it in with testgen.bundle.ingest.
 
 Layout: manifest.json, tests/<id>.py, labels/<id>.cu, references/<id>.cpp,
-variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py.
+variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py, toolchain.py.
 """
 
 
@@ -130,7 +130,8 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
     files["README.txt"] = README.format(count=len(manifest)).encode()
     files["run.py"] = RUNNER.read_bytes()
     files["prebuild.py"] = PREBUILD.read_bytes()
-    files["batching.py"] = BATCHING.read_bytes()
+    files["batching.py"] = Path(batching.__file__).read_bytes()
+    files["toolchain.py"] = Path(toolchain.__file__).read_bytes()
     root = out_path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -211,6 +212,6 @@ def ingest(results_path: Path | str, cands: list[Candidate]) -> list[Candidate]:
             seconds=round(seconds, 3),
             metrics=metrics,
         )
-        cand.set_stage(Stage.VERIFY, result)
+        cand.set_stage(StageName.VERIFY, result)
         done.append(cand)
     return done

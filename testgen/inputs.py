@@ -2,7 +2,8 @@
 
 `record.py` runs one test file at a time in the sandbox (a crash or hang costs that file only);
 the calls come back as a `torch.save` file and are cached under the workdir by the hash of the
-test file and of the recorder, so a rerun records nothing again. Each call is bound to the
+test file and of the recorder, so a rerun records nothing again. A file whose recording failed
+(a crash, a timeout) is not cached: the next run tries it again. Each call is bound to the
 parameter names of the function the binding exposes, which is how the case generator matches
 it to the label's launcher.
 """
@@ -18,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testgen.sandbox import run_sandboxed
+from testgen.standalone import RECORDER
 
 log = logging.getLogger(__name__)
-RECORDER = Path(__file__).with_name("record.py")
 FILE_TIMEOUT_S = 120.0
 
 
@@ -75,10 +76,9 @@ def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCa
         )
         if not tmp.exists():
             why = "timed out" if result.timed_out else f"exit {result.returncode}"
-            log.info("recording %s: no calls (%s)", test_file.name, why)
-            torch.save([], out)  # remembered: a file that cannot be recorded is not retried
-        else:
-            tmp.replace(out)
+            log.info("recording %s: no calls (%s); tried again next run", test_file.name, why)
+            return []
+        tmp.replace(out)
     rel = test_file.relative_to(repo).as_posix()
     raw = torch.load(out, weights_only=True)
     return [RecordedCall(name, list(args), dict(kwargs), rel) for name, args, kwargs in raw]

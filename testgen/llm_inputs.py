@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from miner.candidate import Candidate
-from testgen import llm_turns as turns
-from testgen.callcheck import MAX_CALLS, MAX_ELEMENTS, MIN_CALLS, MIN_SHAPES
 from testgen.sandbox import run_checker
+from testgen.standalone import CALLCHECK
+from testgen.standalone.callcheck import MAX_CALLS, MAX_ELEMENTS, MIN_CALLS, MIN_SHAPES
+from wrappers.llm import turns
 from wrappers.llm.client import LLMClient
 
 TEMPLATE = "llm_inputs.v1.j2"
-CHECKER = Path(__file__).with_name("callcheck.py")
 CHECK_TIMEOUT_S = 120.0
 MAX_REFERENCE = 6000  # characters of the reference shown to the model
 _INTEGRAL = re.compile(r"\b(?:int|long|short|unsigned|signed|size_t|u?int\d+_t|char)\b")
@@ -55,7 +54,7 @@ def param_kind(type_text: str) -> str:
 def run_calls(code: str, spec: list[dict]) -> list | str:
     """The calls `make_calls` returns (checked in the sandbox), or the problem with them."""
     files = {"calls.py": code, "spec.json": json.dumps(spec)}
-    done = run_checker(CHECKER, files, "running `make_calls`", CHECK_TIMEOUT_S, ("calls.pt",))
+    done = run_checker(CALLCHECK, files, "running `make_calls`", CHECK_TIMEOUT_S, ("calls.pt",))
     return done if isinstance(done, str) else done["calls.pt"]
 
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
-from testgen import llm_turns as turns
 from testgen.sandbox import run_checker
+from testgen.standalone import REFCHECK
+from wrappers.llm import turns
 from wrappers.llm.client import LLMClient
 
 TEMPLATE = "llm_reference.v1.j2"
-CHECKER = Path(__file__).with_name("refcheck.py")
 CHECK_TIMEOUT_S = 120.0
 _REF_NAME = re.compile(r"(?:_ref|_reference|_pytorch|_torch|_naive|_cpu|_python)$")
 _GENERIC = {
@@ -117,7 +117,9 @@ def contract_problem(code: str, params: list[str]) -> str:
 def run_check(code: str, calls: list) -> str:
     """Run the code on the recorded calls in the sandbox: '' when it works, else the problem."""
     files = {"reference.py": code, "calls.pt": calls}
-    done = run_checker(CHECKER, files, "running `reference` on the recorded calls", CHECK_TIMEOUT_S)
+    done = run_checker(
+        REFCHECK, files, "running `reference` on the recorded calls", CHECK_TIMEOUT_S
+    )
     return done if isinstance(done, str) else ""
 
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from miner.candidate import Candidate, Reference
 from miner.closure import Closure, compute_closure
 from miner.cpp_expr import MacroEnv
-from miner.discover import Discovery, discover
+from miner.discover import discover
 from miner.filemodel import Item
 from miner.includes import IncludeResolver, exists_on_system, is_torch_header
 from miner.linearize import Linearizer
+from miner.repo_model import Discovery
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
 from wrappers.mined import LauncherIndex

@@ -10,7 +10,7 @@ import pytest
 from conftest import SAMPLE, git_repo
 from typer.testing import CliRunner
 
-from miner.cli import app
+from miner.cli.app import app
 
 runner = CliRunner()
 KERNEL = "__global__ void ok_kernel(float* x) { x[0] = 1.f; }\n"

@@ -21,14 +21,15 @@ from curation import dedup
 from curation.card import read_header
 from curation.export import Drop, ExportError, Options, export
 from curation.instructions import derive_instruction
+from curation.reviews import Decision, Reviews
 from curation.rows import FEATURES
-from curation.store import Decision, Store
 from miner import __version__
-from miner.candidate import Provenance, Stage, StageResult, Status
+from miner.candidate import Provenance, StageName, StageResult, Status
 from miner.clone import folder_commit
 from miner.discover import discover
 from miner.license import detect_license
-from miner.stages import to_candidate
+from miner.repo_model import to_candidate
+from miner.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures" / "export"
 SECRETS = {"HF_TOKEN": "hf_SeCrEt0123456789abcdef", "OPENAI_API_KEY": "sk-SeCrEt9876543210"}
@@ -82,9 +83,9 @@ def build_workdir(repo: Path, workdir: Path, url: str | None = None) -> Store:
             "nvcc": "13.0.88",
             "cases": [{"id": "recorded_0", "shape": [[1000], [1000]]}],
         }
-        cand.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+        cand.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics=metrics))
         store.save(cand, repo_id)
-        store.write_review(cand.id, 0, "ann", "accept", decision=Decision.ACCEPTED)
+        Reviews(store).write(cand.id, 0, "ann", "accept", decision=Decision.ACCEPTED)
     return store
 
 
@@ -264,12 +265,14 @@ def test_curator_edits_win_and_an_edited_complete_text_derives_the_short_one(wor
     store = Store.open(workdirs["alpha"])
     cands = {c.kernel.name: c for c in store.iter_candidates()}
     clamp, bias = cands["clamp_kernel"], cands["bias_leaky_relu_kernel"]
-    store.write_review(clamp.id, 1, "bo", "edit_instruction", instruction="Clamp x into [lo, hi].")
+    Reviews(store).write(
+        clamp.id, 1, "bo", "edit_instruction", instruction="Clamp x into [lo, hi]."
+    )
     complete = (
         "Write a clamp kernel.\n\n## What it computes\nClamps each value of `x`.\n\n"
         "## Constraints\n- dtypes: float32\n"
     )
-    store.write_review(bias.id, 1, "bo", "edit_instruction", instruction_complete=complete)
+    Reviews(store).write(bias.id, 1, "bo", "edit_instruction", instruction_complete=complete)
     store.close()
     try:
         export(Options(workdirs=[workdirs["alpha"]], out=tmp_path / "o"))
@@ -286,8 +289,8 @@ def test_curator_edits_win_and_an_edited_complete_text_derives_the_short_one(wor
     finally:
         store = Store.open(workdirs["alpha"])
         for cand in (clamp, bias):
-            v = store.review(cand.id)["version"]
-            store.write_review(
+            v = Reviews(store).get(cand.id)["version"]
+            Reviews(store).write(
                 cand.id, v, "bo", "edit_instruction", instruction=None, instruction_complete=None
             )
         store.close()

@@ -20,9 +20,9 @@ from llm_server import FIXTURES, MALFORMED, FakeLLM, content_of, load
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from curation.store import LLMCacheRow, Store
 from miner.candidate import Provenance, Reason, Status
-from miner.stages import to_candidate
+from miner.repo_model import to_candidate
+from miner.store import LLMCacheRow, Store
 from wrappers.batching import split_label
 from wrappers.build import BuildResult
 from wrappers.label import template_hash

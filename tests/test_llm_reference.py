@@ -13,11 +13,11 @@ from llm_server import FakeLLM, load
 from test_reference import REFREPO, candidate
 from test_testgen import _run_generated, write_label
 
-from curation.store import Store
-from miner.candidate import Reason, Stage, Status
+from miner.candidate import Reason, StageName, Status
+from miner.store import Store
+from testgen.generate import ModelHelp, generate_for
 from testgen.inputs import RecordedCall
 from testgen.llm_reference import contract_problem, related_refs, repo_python_refs, run_check
-from testgen.stage import generate_for
 from wrappers.llm.client import LLMClient
 
 KERNEL = "shift_forward_cuda_kernel"
@@ -39,10 +39,8 @@ def store(tmp_path):
 
 
 def llm_for(server: FakeLLM, store: Store):
-    from types import SimpleNamespace
-
     client = LLMClient(store, base_url=server.base_url, api_key="k", model="fake-model")
-    return SimpleNamespace(client=client, store=store, max_attempts=3)
+    return ModelHelp(client=client, store=store, max_attempts=3)
 
 
 def test_repository_references_are_found_by_name(refrepo):
@@ -78,10 +76,10 @@ def test_model_writes_the_reference_after_one_correction(refrepo, tmp_path, stor
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
     with FakeLLM(load("reference/shift_forward_cuda_kernel")) as server:
-        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm_for(server, store))
         first = server.chat_requests("[kminer:reference]")
         fixes = server.chat_requests("[kminer:reference-fix]")
-    r = cand.stage(Stage.TESTGEN)
+    r = cand.stage(StageName.TESTGEN)
     assert r.status == Status.OK, r.detail
     assert (r.metrics["reference_kind"], cand.reference.kind) == ("python", "python")
     assert (cand.reference.function, cand.reference.file) == ("shift_ref", "ops/shift.py")
@@ -107,9 +105,9 @@ def test_rerun_asks_nothing_and_logs_nothing_new(refrepo, tmp_path, store):
     write_label(refrepo, cand, tmp_path)
     recs = load("reference/shift_forward_cuda_kernel")
     with FakeLLM(recs) as server:
-        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm_for(server, store))
     with FakeLLM(recs) as server:
-        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm_for(server, store))
         assert server.chat_requests() == []
     assert len(store.attempts(cand.id)) == 2 and cand.reference.kind == "python"
 
@@ -120,9 +118,9 @@ def test_answers_never_usable_leave_no_reference(refrepo, tmp_path, store):
     recs = load("reference/shift_forward_cuda_kernel")
     recs[1]["answers"] = recs[0]["answers"]  # the fix imports numpy again
     with FakeLLM(recs) as server:
-        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm_for(server, store))
         assert len(server.chat_requests()) == 3
-    r = cand.stage(Stage.TESTGEN)
+    r = cand.stage(StageName.TESTGEN)
     assert (r.status, r.reason) == (Status.SKIPPED, Reason.NO_REFERENCE)
     assert "not invertible" in r.detail and "no usable reference after 3 answers" in r.detail
     assert r.metrics["llm_tried"] is True and cand.reference.kind == ""
@@ -138,8 +136,8 @@ def test_endpoint_down_is_a_reason_not_a_crash(refrepo, tmp_path, store):
         store, base_url="http://127.0.0.1:9/v1", api_key="k", model="m", max_retries=0, timeout=2.0
     )
     llm = SimpleNamespace(client=client, store=store, max_attempts=3)
-    generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm)
-    r = cand.stage(Stage.TESTGEN)
+    generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm)
+    r = cand.stage(StageName.TESTGEN)
     assert r.reason == Reason.NO_REFERENCE and "llm: " in r.detail and "connection" in r.detail
 
 
@@ -158,7 +156,7 @@ def test_generated_test_runs_the_python_reference(refrepo, tmp_path, store):
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
     with FakeLLM(load("reference/shift_forward_cuda_kernel")) as server:
-        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], shift_recorded(), tmp_path, llm_for(server, store))
     good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
     good.write_text(CPU_SHIFT % "")
     bad.write_text(CPU_SHIFT % " + 1")

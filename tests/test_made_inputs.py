@@ -12,14 +12,14 @@ from test_llm_reference import llm_for
 from test_reference import REFREPO, candidate
 from test_testgen import CPU_AFFINE, _run_generated, write_label
 
-from curation.store import Store
-from miner.candidate import Reason, Stage, StageResult, Status
-from testgen.callcheck import MAX_ELEMENTS
+from miner.candidate import Reason, StageName, StageResult, Status
+from miner.store import Store
+from testgen.generate import generate_for
 from testgen.llm_inputs import param_kind, run_calls
 from testgen.made_inputs import RULE_SIZES, exposed_params, rule_calls
-from testgen.stage import generate_for
+from testgen.standalone.callcheck import MAX_ELEMENTS
 from wrappers.rule import rule_wrapper
-from wrappers.stage import rule_label
+from wrappers.wrap_stage import rule_label
 
 KERNEL = "affine_forward_cuda_kernel"
 SPEC = [{"name": "x", "kind": "tensor"}, {"name": "n", "kind": "int"}]
@@ -69,7 +69,7 @@ def rule_candidate(refrepo, workdir):
     (workdir / "labels").mkdir(exist_ok=True)
     (workdir / "labels" / f"{cand.id}.cu").write_text(label.text)
     cand.wrapper.label_path, cand.wrapper.label_hash = f"labels/{cand.id}.cu", label.hash
-    cand.set_stage(Stage.BUILD, StageResult(status=Status.OK))
+    cand.set_stage(StageName.BUILD, StageResult(status=Status.OK))
     return cand, label.text
 
 
@@ -118,11 +118,11 @@ def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store):
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
     with FakeLLM(load("inputs/affine_forward_cuda_kernel")) as server:
-        generate_for(cand, refrepo[3], {}, tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], {}, tmp_path, llm_for(server, store))
         first = server.chat_requests("[kminer:inputs]")
         fixes = server.chat_requests("[kminer:inputs-fix]")
         assert server.chat_requests("[kminer:reference]") == []  # the repository has one
-    r = cand.stage(Stage.TESTGEN)
+    r = cand.stage(StageName.TESTGEN)
     assert r.status == Status.OK, r.detail
     assert r.metrics["cases_source"] == cand.tests.cases_source == "llm"
     assert r.metrics["reference_kind"] == "cpp" and r.metrics["num_shapes"] >= 3
@@ -136,7 +136,7 @@ def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store):
     assert "inputs were made by `make_calls`, written by fake-model" in text
     assert "generated_1: generated call 1 from make_calls by fake-model, tensors [[1], [1]]" in text
     with FakeLLM(load("inputs/affine_forward_cuda_kernel")) as server:  # a rerun asks nothing
-        generate_for(cand, refrepo[3], {}, tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], {}, tmp_path, llm_for(server, store))
         assert server.chat_requests() == []
     assert len(store.attempts(cand.id)) == 2 and cand.tests.cases_source == "llm"
 
@@ -144,8 +144,8 @@ def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store):
 def test_without_a_model_an_op_no_test_calls_says_why(refrepo, tmp_path):
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], {}, tmp_path, "key1")
-    r = cand.stage(Stage.TESTGEN)
+    generate_for(cand, refrepo[3], {}, tmp_path)
+    r = cand.stage(StageName.TESTGEN)
     assert (r.status, r.reason) == (Status.SKIPPED, Reason.NO_CASES)
     assert "never call affine_forward" in r.detail and "no LLM is set" in r.detail
     assert r.metrics["llm_inputs_tried"] is False
@@ -154,10 +154,10 @@ def test_without_a_model_an_op_no_test_calls_says_why(refrepo, tmp_path):
 def test_rule_inputs_and_a_model_reference_make_a_test(refrepo, tmp_path, store):
     cand, _ = rule_candidate(refrepo, tmp_path)
     with FakeLLM(load("reference/affine_forward_cuda_kernel.rule")) as server:
-        generate_for(cand, refrepo[3], {}, tmp_path, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], {}, tmp_path, llm_for(server, store))
         asked = server.chat_requests("[kminer:reference]")
         assert server.chat_requests("[kminer:inputs]") == []  # the rule made them
-    r = cand.stage(Stage.TESTGEN)
+    r = cand.stage(StageName.TESTGEN)
     assert r.status == Status.OK, r.detail
     assert (r.metrics["cases_source"], r.metrics["reference_kind"]) == ("rule", "llm")
     assert "tensor of shape [1000], float32" in asked[0]["last_user"]
@@ -182,11 +182,11 @@ def test_generated_inputs_tests_pass_the_right_code_and_fail_a_wrong_one(refrepo
     rule_dir.mkdir(), llm_dir.mkdir()
     cand, _ = rule_candidate(refrepo, rule_dir)
     with FakeLLM(load("reference/affine_forward_cuda_kernel.rule")) as server:
-        generate_for(cand, refrepo[3], {}, rule_dir, "key1", llm_for(server, store))
+        generate_for(cand, refrepo[3], {}, rule_dir, llm_for(server, store))
     mined = candidate(refrepo, KERNEL)
     write_label(refrepo, mined, llm_dir)
     with FakeLLM(load("inputs/affine_forward_cuda_kernel")) as server:
-        generate_for(mined, refrepo[3], {}, llm_dir, "key1", llm_for(server, store))
+        generate_for(mined, refrepo[3], {}, llm_dir, llm_for(server, store))
     for c, folder, source in ((cand, rule_dir, CPU_RULE_AFFINE), (mined, llm_dir, CPU_AFFINE)):
         good, bad = folder / "good.cpp", folder / "bad.cpp"
         good.write_text(source % "")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_testgen import affine_recorded, candidate, write_label
 
-from testgen import prebuild
+from testgen.standalone import prebuild
 
 LABEL = """#include <torch/extension.h>
 // kminer-label-body-begin
@@ -151,13 +151,13 @@ def test_run_py_batches_builds_and_tests_import_them(refrepo, tmp_path):
     reference. The three that compile are built as batched extensions; the tests import them
     (no build of their own), the wrong variant is killed, the broken one is invalid."""
     from testgen.bundle import write_bundle
-    from testgen.stage import generate_for
+    from testgen.generate import generate_for
 
     work = tmp_path / "work"
     work.mkdir()
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, work)
-    generate_for(cand, refrepo[3], affine_recorded(), work, "key1")
+    generate_for(cand, refrepo[3], affine_recorded(), work)
     (work / "labels" / "cpu.cpp").write_text(CPU_LABEL % "")
     (work / "variants").mkdir(exist_ok=True)
     (work / "variants" / "wrong.cpp").write_text(CPU_LABEL % " + (k == n - 1 ? 1e-3 : 0)")

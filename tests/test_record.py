@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from testgen.inputs import RecordedCall, record_repo_calls, repo_test_files
+from testgen.inputs import RecordedCall, record_file, record_repo_calls, repo_test_files
 from testgen.sandbox import run_sandboxed
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recrepo"
@@ -45,6 +45,19 @@ def test_recording_is_cached_per_test_file(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
     assert len(again["scale_forward"]) == 4
     assert repo_test_files(repo) == [repo / "tests" / "test_scale.py"]
+
+
+def test_a_recording_that_crashed_is_not_cached(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    test_file = repo / "tests" / "test_dies.py"
+    test_file.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    cache = tmp_path / "cache"
+    assert record_file(repo, test_file, cache) == []
+    assert list(cache.iterdir()) == []  # nothing remembered: the next run records it again
+    test_file.write_text("def test_nothing():\n    pass\n")
+    assert record_file(repo, test_file, cache) == []
+    assert [p.suffix for p in cache.iterdir()] == [".pt"]  # a file with no calls is cached
 
 
 def test_sandbox_kills_a_hang_and_reports_a_crash(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from conftest import FIXTURES, kernel
 
 from miner.candidate import Provenance, Reference
-from miner.stages import to_candidate
+from miner.repo_model import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
 from testgen.reference import find_reference, locate
 from wrappers.batching import batch_source, split_label

@@ -13,8 +13,9 @@ import pytest
 from test_server_api import Served, fill, fresh_database
 
 from curation import curators
-from curation.store import Store
-from miner.candidate import Stage
+from curation.reviews import Reviews
+from miner.candidate import StageName
+from miner.store import Store
 
 _PLACES = ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
 CHROMIUM = next((p for p in _PLACES if Path(p).is_file()), "")
@@ -44,7 +45,7 @@ def served(request, tmp_path):
     cand = store.get("c0000")
     cand.wrapper.label_path = "labels/c0000.cu"
     case = {"id": "recorded_0", "shape": [[4, 7]], "dtype": "float32", "max_abs": 2e-7}
-    cand.stage(Stage.VERIFY).metrics["cases"] = [{**case, "max_rel": 1e-7, "ok": True}]
+    cand.stage(StageName.VERIFY).metrics["cases"] = [{**case, "max_rel": 1e-7, "ok": True}]
     store.save(cand)
     store.add_attempt(
         "c0000",
@@ -100,7 +101,7 @@ def test_curator_reviews_in_the_browser(browser, served):
     page.wait_for_url("**saved=2")
     assert page.input_value("#instruction") == "Write the ROI Align forward kernel in CUDA."
     assert page.input_value("#instruction_complete") == complete
-    assert store.review("c0000")["instruction_complete"] is None  # sent back unchanged
+    assert Reviews(store).get("c0000")["instruction_complete"] is None  # sent back unchanged
     page.click("#label-edit summary")  # a label edit: a new revision, back to pending
     page.fill("#label", "__global__ void kern0(float* x) { x[0] = 1.f; }")
     page.click("#save-label")
@@ -115,7 +116,7 @@ def test_curator_reviews_in_the_browser(browser, served):
     page.wait_for_url("**/c/c0003?saved=1")
     assert page.inner_text("#decision") == "rejected" and page.inner_text("#reason") == "duplicate"
     assert "decision: 'pending' → 'rejected'" in page.inner_text("#history")
-    actions = [(a["curator"], a["cand_id"], a["action"]) for a in store.audit()]
+    actions = [(a["curator"], a["cand_id"], a["action"]) for a in Reviews(store).audit()]
     assert actions == [
         ("ann", "c0000", "accept"),
         ("ann", "c0000", "edit_instruction"),
@@ -137,7 +138,7 @@ def test_the_second_of_two_curators_sees_the_conflict_and_the_newer_state(browse
     assert posted.value.status == 409
     assert "conflict" in bob.inner_text("#flash") and "by ann" in bob.inner_text("#flash")
     assert bob.inner_text("#decision") == "needs_edit" and bob.inner_text("#version") == "1"
-    assert store.review("c0003")["decision"] == "needs_edit"
+    assert Reviews(store).get("c0003")["decision"] == "needs_edit"
 
 
 def test_a_weak_test_is_accepted_only_by_override_and_flagged(browser, served):
@@ -150,7 +151,7 @@ def test_a_weak_test_is_accepted_only_by_override_and_flagged(browser, served):
     page.check("#override-box")
     page.click("#accept")
     page.wait_for_url("**saved=1")
-    assert page.is_visible("#override") and store.review("c0001")["override"] is True
+    assert page.is_visible("#override") and Reviews(store).get("c0001")["override"] is True
 
 
 def test_writes_without_login_or_csrf_are_refused(browser, served):
@@ -166,4 +167,4 @@ def test_writes_without_login_or_csrf_are_refused(browser, served):
             headers: {'Content-Type': 'application/x-www-form-urlencoded'},
             body: 'decision=accept&version=0'})).status"""
     )
-    assert status == 403 and store.audit() == []
+    assert status == 403 and Reviews(store).audit() == []

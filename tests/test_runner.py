@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from testgen import runner
+from miner import toolchain
+from testgen.standalone import runner
 
 ROOT = Path(__file__).parent.parent
-RUNNER = ROOT / "testgen" / "runner.py"
-PREBUILD = ROOT / "testgen" / "prebuild.py"
+RUNNER = ROOT / "testgen" / "standalone" / "runner.py"
+PREBUILD = ROOT / "testgen" / "standalone" / "prebuild.py"
 BATCHING = ROOT / "wrappers" / "batching.py"
+TOOLCHAIN = ROOT / "miner" / "toolchain.py"
 FAKE = Path(__file__).parent / "fixtures" / "runner" / "fake"
 CUDA = Path(__file__).parent / "fixtures" / "runner" / "cuda"
 TIMING = ("build_s", "run_s", "build_cached", "log_tail")
@@ -41,6 +43,7 @@ def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -
     shutil.copy(RUNNER, root / "run.py")
     shutil.copy(PREBUILD, root / "prebuild.py")
     shutil.copy(BATCHING, root / "batching.py")
+    shutil.copy(TOOLCHAIN, root / "toolchain.py")
     ref = f"references/ref{reference.suffix}"
     shutil.copy(reference, root / ref)
     manifest = []
@@ -429,7 +432,7 @@ def _candidates(workdir: Path):
 
 def test_write_bundle_run_and_ingest(tmp_path):
     pytest.importorskip("pydantic")
-    from miner.candidate import Reason, Stage, Status
+    from miner.candidate import Reason, StageName, Status
     from testgen.bundle import ingest, write_bundle
 
     cands = _candidates(tmp_path / "work")
@@ -463,6 +466,7 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "verify/tests/a.py",
         "verify/tests/b.py",
         "verify/tests/c.py",
+        "verify/toolchain.py",
         "verify/variants/a.0.off_by_one.cu",
         "verify/variants/a.1.no_write.cu",
     ]
@@ -487,7 +491,7 @@ def test_write_bundle_run_and_ingest(tmp_path):
     assert proc.returncode == 0, proc.stderr
     done = ingest(tmp_path / "results.json", cands)
     assert [c.id for c in done] == ["a", "b", "c"]
-    a, b, c = (x.stage(Stage.VERIFY) for x in done)
+    a, b, c = (x.stage(StageName.VERIFY) for x in done)
     assert (a.status, a.reason, a.detail) == (Status.OK, None, "")
     assert a.metrics == {
         "outcome": "pass",
@@ -496,7 +500,7 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "gpu": "FakeGPU 80GB",
         "torch": "0.0.0+fake",
         "cuda": "12.9",
-        "nvcc": runner._nvcc_version(),  # the release of the nvcc on PATH here ('' without one)
+        "nvcc": toolchain.nvcc_version(),  # the release of the nvcc on PATH here ('' without one)
         "cases": FAKE_CASES,
         "valid_cases": 5,
         "valid_shapes": 3,
@@ -517,13 +521,13 @@ def test_write_bundle_run_and_ingest(tmp_path):
     assert (b.status, b.reason, b.metrics["outcome"]) == (Status.ERROR, Reason.MISMATCH, "mismatch")
     assert "differs from the reference" in b.detail
     assert (c.status, c.reason, c.metrics["kill_rate"]) == (Status.ERROR, Reason.NO_REFERENCE, None)
-    assert cands[3].stage(Stage.VERIFY) is None and cands[4].stage(Stage.VERIFY) is None
+    assert cands[3].stage(StageName.VERIFY) is None and cands[4].stage(StageName.VERIFY) is None
 
 
 @pytest.mark.parametrize("outcome", runner.OUTCOMES)
 def test_ingest_maps_every_outcome(tmp_path, outcome):
     pytest.importorskip("pydantic")
-    from miner.candidate import Reason, Stage, Status
+    from miner.candidate import Reason, StageName, Status
     from testgen.bundle import ingest
 
     (cand,) = _candidates(tmp_path / "work")[1:2]
@@ -533,7 +537,7 @@ def test_ingest_maps_every_outcome(tmp_path, outcome):
     entry = {"outcome": outcome, "cases": cases, "kill_rate": None, "detail": "why", "build_s": 1.5}
     (tmp_path / "r.json").write_text(json.dumps({"gpu": "H100", "entries": {"b": entry}}))
     (done,) = ingest(tmp_path / "r.json", [cand])
-    result = done.stage(Stage.VERIFY)
+    result = done.stage(StageName.VERIFY)
     assert result.status == (Status.OK if outcome == "pass" else Status.ERROR)
     assert result.reason == (None if outcome == "pass" else Reason(outcome))
     assert result.metrics["outcome"] == outcome and result.metrics["gpu"] == "H100"

@@ -17,9 +17,11 @@ import pytest
 import uvicorn
 
 from curation import curators
-from curation.server import COOKIE, create_app
-from curation.store import Store
-from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageResult, Status
+from curation.auth import COOKIE
+from curation.reviews import Reviews
+from curation.server import create_app
+from miner.candidate import Candidate, Kernel, Provenance, Reason, StageName, StageResult, Status
+from miner.store import Store
 
 
 def make_candidate(i: int, outcome: str | None, kill: float = 1.0, op: str = "roi_align"):
@@ -38,9 +40,11 @@ def make_candidate(i: int, outcome: str | None, kill: float = 1.0, op: str = "ro
     c.reference.kind = "cpp" if outcome else ""
     if outcome:
         metrics = {"outcome": outcome, "kill_rate": kill, "kernel_time_us": 10.0 + i}
-        c.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+        c.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics=metrics))
     else:
-        c.set_stage(Stage.TESTGEN, StageResult(status=Status.SKIPPED, reason=Reason.NO_REFERENCE))
+        c.set_stage(
+            StageName.TESTGEN, StageResult(status=Status.SKIPPED, reason=Reason.NO_REFERENCE)
+        )
     return c
 
 
@@ -123,7 +127,7 @@ def test_public_read_still_needs_a_curator_to_write(store):
         assert anyone.get("/api/candidates/c0000").json()["version"] == 0
         r = anyone.post("/api/candidates/c0000/review", json={"decision": "accept", "version": 0})
         assert r.status_code == 401
-    assert store.audit() == [] and store.review("c0000")["decision"] == "pending"
+    assert Reviews(store).audit() == [] and Reviews(store).get("c0000")["decision"] == "pending"
 
 
 def test_accept_then_a_stale_write_is_a_conflict_showing_the_newer_state(store):
@@ -140,7 +144,7 @@ def test_accept_then_a_stale_write_is_a_conflict_showing_the_newer_state(store):
         assert r.json()["current"]["decision"] == "accepted" and "by ann" in r.json()["message"]
         got = srv.client(bob).get("/api/candidates/c0000").json()
         assert (got["version"], got["review"]["decision"]) == (1, "accepted")
-    (row,) = store.audit("c0000")
+    (row,) = Reviews(store).audit("c0000")
     assert (row["curator"], row["action"]) == ("ann", "accept")
     assert row["before"]["decision"] == "pending" and row["after"]["decision"] == "accepted"
     assert row["after"]["note"] == "clean" and row["after"]["override"] is False
@@ -158,9 +162,9 @@ def test_only_a_passing_strong_test_is_accepted_unless_overridden(store):
             json={"decision": "accept", "version": 0, "override": True, "note": "checked by hand"},
         )
         assert r.status_code == 200 and r.json()["override"] is True
-    (row,) = store.audit("c0001")
+    (row,) = Reviews(store).audit("c0001")
     assert row["action"] == "override_accept" and row["after"]["override"] is True
-    assert store.audit("c0002") == []
+    assert Reviews(store).audit("c0002") == []
 
 
 def test_bad_bodies_and_unknown_candidates(store):
@@ -185,7 +189,7 @@ def test_bad_bodies_and_unknown_candidates(store):
             json={"decision": "reject", "reason": "duplicate", "note": "as c0000", "version": 0},
         )
         assert r.status_code == 200 and r.json()["reason"] == "duplicate"
-    assert [a["action"] for a in store.audit()] == ["reject"]
+    assert [a["action"] for a in Reviews(store).audit()] == ["reject"]
 
 
 def test_instruction_edits_are_versioned_and_audited(store):
@@ -197,9 +201,9 @@ def test_instruction_edits_are_versioned_and_audited(store):
         assert r.status_code == 200 and r.json()["instruction"] == body["instruction"]
         assert c.put("/api/candidates/c0000/instruction", json=body).status_code == 409
         assert c.put("/api/candidates/c0000/instruction", json={"version": 1}).status_code == 422
-    (row,) = store.audit("c0000")
+    (row,) = Reviews(store).audit("c0000")
     assert row["action"] == "edit_instruction" and row["before"]["instruction"] is None
-    assert store.review("c0000")["decision"] == "pending"  # an edit is no verdict
+    assert Reviews(store).get("c0000")["decision"] == "pending"  # an edit is no verdict
 
 
 def test_generated_instructions_are_shown_and_only_real_edits_are_kept(store):
@@ -214,13 +218,13 @@ def test_generated_instructions_are_shown_and_only_real_edits_are_kept(store):
         assert made["instruction"] == derive_instruction(made["instruction_complete"])
         body = {**made, "version": 0}  # sent back unchanged: nothing is an edit
         assert c.put("/api/candidates/c0000/instruction", json=body).status_code == 200
-        review = store.review("c0000")
+        review = Reviews(store).get("c0000")
         assert (review["instruction"], review["instruction_complete"]) == (None, None)
         complete = "Write kern0.\n\n## What it computes\nSums the rows of `x`.\n"
         body = {"instruction": made["instruction"], "instruction_complete": complete, "version": 1}
         assert c.put("/api/candidates/c0000/instruction", json=body).status_code == 200
         now = c.get("/api/candidates/c0000").json()["instructions"]
-    review = store.review("c0000")
+    review = Reviews(store).get("c0000")
     assert (review["instruction"], review["instruction_complete"]) == (None, complete)
     assert now == {
         "instruction": "Write kern0. It sums the rows of `x`.",
@@ -338,11 +342,13 @@ def test_a_label_edit_is_a_new_revision_that_must_be_verified_again(store, tmp_p
         r = c.post("/api/candidates/c0000/review", json={"decision": "accept", "version": 2})
         assert r.status_code == 422 and "verify outcome is missing" in r.json()["message"]
     edited = store.get("c0000")
-    assert edited.wrapper.label_path == "labels/c0000.r1.cu" and edited.stage(Stage.VERIFY) is None
+    assert (
+        edited.wrapper.label_path == "labels/c0000.r1.cu" and edited.stage(StageName.VERIFY) is None
+    )
     assert edited.wrapper.label_hash != "old"
     assert "fixed" in (work / edited.wrapper.label_path).read_text()
     assert (work / "labels" / "c0000.cu").read_text() == "__global__ void kern0() {}\n"  # kept
-    row = store.audit("c0000")[-1]
+    row = Reviews(store).audit("c0000")[-1]
     assert row["action"] == "edit_label" and row["before"]["label_path"] == "labels/c0000.cu"
     assert row["after"]["label_path"] == "labels/c0000.r1.cu"
     assert (row["before"]["decision"], row["after"]["decision"]) == ("accepted", "pending")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from curation.store import Decision, Store, VersionConflict
-from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageResult, Status
+from curation.reviews import Decision, Reviews, VersionConflict
+from miner.candidate import Candidate, Kernel, Provenance, Reason, StageName, StageResult, Status
+from miner.store import Store
 
 
 def _candidate(i: int) -> Candidate:
@@ -41,13 +42,13 @@ def test_candidates_round_trip_and_update(store):
     assert [c.id for c in got] == ["id001", "id002", "id003"]
     c = got[0]
     c.set_stage(
-        Stage.COMPILE,
+        StageName.COMPILE,
         StageResult(status=Status.ERROR, reason=Reason.COMPILE_ERROR, detail="line 3: boom"),
     )
     store.save(c, repo_id)
     again = store.get("id001")
-    assert again.stage(Stage.COMPILE).reason == Reason.COMPILE_ERROR
-    assert again.stage(Stage.COMPILE).detail == "line 3: boom"
+    assert again.stage(StageName.COMPILE).reason == Reason.COMPILE_ERROR
+    assert again.stage(StageName.COMPILE).detail == "line 3: boom"
     assert store.repo(repo_id).license == "MIT"
 
 
@@ -75,31 +76,38 @@ def test_compile_cache_skips_and_runs(store):
 
 
 def test_review_writes_are_versioned_and_audited(store):
-    assert store.review("k1") == {**store.review("k1"), "decision": "pending", "version": 0}
-    first = store.write_review("k1", 0, "ann", "review", decision=Decision.ACCEPTED, note="ok")
+    assert Reviews(store).get("k1") == {
+        **Reviews(store).get("k1"),
+        "decision": "pending",
+        "version": 0,
+    }
+    first = Reviews(store).write("k1", 0, "ann", "review", decision=Decision.ACCEPTED, note="ok")
     assert (first["decision"], first["curator"], first["version"]) == ("accepted", "ann", 1)
     assert first["reviewed_at"]
     # bob acted on version 0 too: his write is refused and he sees ann's state
     with pytest.raises(VersionConflict) as conflict:
-        store.write_review("k1", 0, "bob", "review", decision=Decision.REJECTED)
+        Reviews(store).write("k1", 0, "bob", "review", decision=Decision.REJECTED)
     assert conflict.value.current["curator"] == "ann" and conflict.value.current["version"] == 1
-    second = store.write_review("k1", 1, "bob", "edit_instruction", instruction="Write it.")
+    second = Reviews(store).write("k1", 1, "bob", "edit_instruction", instruction="Write it.")
     assert (second["decision"], second["instruction"], second["version"]) == (
         "accepted",
         "Write it.",
         2,
     )
     assert second["reviewed_at"] == first["reviewed_at"]  # an edit is not a new verdict
-    assert store.review("k1") == second
-    assert list(store.reviews(Decision.ACCEPTED)) == ["k1"] and store.reviews("rejected") == {}
-    trail = store.audit("k1")
+    assert Reviews(store).get("k1") == second
+    assert (
+        list(Reviews(store).all(Decision.ACCEPTED)) == ["k1"]
+        and Reviews(store).all("rejected") == {}
+    )
+    trail = Reviews(store).audit("k1")
     assert [(a["curator"], a["action"]) for a in trail] == [
         ("ann", "review"),
         ("bob", "edit_instruction"),
     ]
     assert trail[1]["before"] == first and trail[1]["after"] == second
     with pytest.raises(ValueError, match="not a review field"):
-        store.write_review("k1", 2, "ann", "review", version=7)
+        Reviews(store).write("k1", 2, "ann", "review", version=7)
 
 
 def test_a_store_from_before_a_column_existed_gets_it(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_reference import candidate, kernel
 
-from miner.candidate import Stage, StageResult, Status
+from miner.candidate import StageName, StageResult, Status
 from testgen.cases import (
     BaseCall,
     carry_down,
@@ -24,9 +24,9 @@ from testgen.cases import (
     plan,
     pybind_arg_names,
 )
+from testgen.generate import generate_for
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
-from testgen.stage import generate_for
 from wrappers.label import render_label
 from wrappers.mined import mine_wrapper
 
@@ -168,7 +168,7 @@ def write_label(refrepo, cand, workdir) -> None:
     (workdir / "labels" / f"{cand.id}.cu").write_text(label.text)
     cand.wrapper.label_path = f"labels/{cand.id}.cu"
     cand.wrapper.label_hash = label.hash
-    cand.set_stage(Stage.BUILD, StageResult(status=Status.OK))
+    cand.set_stage(StageName.BUILD, StageResult(status=Status.OK))
 
 
 def affine_recorded() -> dict:
@@ -182,8 +182,8 @@ def affine_recorded() -> dict:
 def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
-    r = cand.stage(Stage.TESTGEN)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    r = cand.stage(StageName.TESTGEN)
     assert r.status == Status.OK, r.detail
     assert r.metrics["reference_kind"] == "cpp"
     assert r.metrics["num_cases"] == cand.tests.num_cases >= 5
@@ -207,16 +207,18 @@ def test_generate_for_writes_test_variants_and_metrics(refrepo, tmp_path):
 def test_new_tests_forget_the_last_verdict(refrepo, tmp_path):
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    cand.set_stage(Stage.VERIFY, StageResult(status=Status.OK, metrics={"outcome": "pass"}))
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key2")
-    assert cand.stage(Stage.TESTGEN).status == Status.OK and cand.stage(Stage.VERIFY) is None
+    cand.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics={"outcome": "pass"}))
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    assert (
+        cand.stage(StageName.TESTGEN).status == Status.OK and cand.stage(StageName.VERIFY) is None
+    )
 
 
 def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], {}, tmp_path, "key1")
-    r = cand.stage(Stage.TESTGEN)
+    generate_for(cand, refrepo[3], {}, tmp_path)
+    r = cand.stage(StageName.TESTGEN)
     assert (r.status, r.reason.value) == (Status.SKIPPED, "no_cases")
     assert "never call affine_forward" in r.detail
     assert cand.reference.kind == "cpp"  # the reference is kept for when cases come
@@ -243,7 +245,7 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     passes with every case within tolerance, one off by 1e-3 on the last element fails."""
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
     good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
     good.write_text(CPU_AFFINE % "")
     bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
@@ -378,7 +380,7 @@ def test_timing_takes_the_gpu_alone_and_waiting_timing_goes_first(refrepo, tmp_p
 
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path, "key1")
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
     monkeypatch.setenv("KMINER_GPU_LOCK", str(tmp_path / "gpu.lock"))
     spec = importlib.util.spec_from_file_location("gen_test", tmp_path / cand.tests.path)
     mod = importlib.util.module_from_spec(spec)
@@ -489,8 +491,8 @@ def _run_generated(tmp_path, cand, impl: Path) -> tuple[int, dict]:
 def test_nondeterministic_op_gets_an_order_free_test(refrepo, tmp_path):
     cand = candidate(refrepo, "compact_any_order_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], compact_recorded(), tmp_path, "key1")
-    r = cand.stage(Stage.TESTGEN)
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
+    r = cand.stage(StageName.TESTGEN)
     assert r.status == Status.OK, r.detail
     assert r.metrics["order_free"].startswith("slots taken from an atomic counter")
     text = (tmp_path / cand.tests.path).read_text()
@@ -504,7 +506,7 @@ def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_pa
     skips the first input (a lost value, and a count one short) fails."""
     cand = candidate(refrepo, "compact_any_order_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], compact_recorded(), tmp_path, "key1")
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
     good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
     good.write_text(CPU_COMPACT % "0")
     bad.write_text(CPU_COMPACT % "1")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from miner.cli import app
+from miner.cli.app import app
 
 FAKE = Path(__file__).parent / "fixtures" / "runner" / "fake"
 cli = CliRunner()
@@ -58,19 +58,19 @@ RESULTS = {
 def make_workdir(wd: Path) -> Path:
     """Six candidates: a, b, w with tests; e with a test but no label file; n without a
     reference; u whose unit did not compile (no label)."""
-    from curation.store import Store
     from miner.candidate import (
         Candidate,
         Kernel,
         Provenance,
         Reason,
         Reference,
-        Stage,
+        StageName,
         StageResult,
         Status,
         Tests,
         Wrapper,
     )
+    from miner.store import Store
 
     for sub in ("src", "labels", "tests", "references", "variants"):
         (wd / sub).mkdir(parents=True, exist_ok=True)
@@ -91,11 +91,13 @@ def make_workdir(wd: Path) -> Path:
         cand = Candidate(id=cid, provenance=Provenance(repo_url=url, commit=commit), kernel=kernel)
         ok = StageResult(status=Status.OK)
         if cid == "u":
-            cand.set_stage(Stage.COMPILE, StageResult(status=Status.ERROR, reason="compile_error"))
+            cand.set_stage(
+                StageName.COMPILE, StageResult(status=Status.ERROR, reason="compile_error")
+            )
             cands.append(cand)
             continue
-        cand.set_stage(Stage.COMPILE, ok)
-        cand.set_stage(Stage.BUILD, ok)
+        cand.set_stage(StageName.COMPILE, ok)
+        cand.set_stage(StageName.BUILD, ok)
         cand.wrapper = Wrapper(strategy="mined", label_path=f"labels/{cid}.cu", label_hash=cid)
         if label:
             shutil.copy(FAKE / f"{label}.cu", wd / cand.wrapper.label_path)
@@ -104,7 +106,7 @@ def make_workdir(wd: Path) -> Path:
             shutil.copy(FAKE / "ref.cpp", wd / cand.reference.path)
         if testgen == "skipped":
             result = StageResult(status=Status.SKIPPED, reason=Reason.NO_REFERENCE, detail="none")
-            cand.set_stage(Stage.TESTGEN, result)
+            cand.set_stage(StageName.TESTGEN, result)
             cands.append(cand)
             continue
         tests = Tests(path=f"tests/{cid}.py", hash=cid, num_cases=4, num_shapes=2)
@@ -118,7 +120,7 @@ def make_workdir(wd: Path) -> Path:
         metrics = {"num_cases": 6, "num_shapes": 3, "reference_kind": ref_kind}
         # e's record predates the metrics: candidates --json takes them from the record
         metrics = {} if cid == "e" else metrics
-        cand.set_stage(Stage.TESTGEN, StageResult(status=Status.OK, metrics=metrics))
+        cand.set_stage(StageName.TESTGEN, StageResult(status=Status.OK, metrics=metrics))
         cands.append(cand)
     store.save(cands, repo_id)
     store.close()
@@ -155,48 +157,67 @@ def one_error_line(res) -> str:
 # ---------------------------------------------------------------- pipeline and testgen command
 
 
-def test_testgen_runs_after_build_on_fresh_candidates(wd, monkeypatch):
-    import testgen.stage
-    import wrappers.stage
-    from miner.pipeline import MINE_STAGES, MineConfig, run_stages
+def test_the_runner_runs_stages_in_order_over_what_each_needs(wd):
+    from miner.candidate import StageName, StageResult, Status
+    from miner.pipeline import run
+    from miner.stage import MINE_STAGES, RunConfig, Stage
 
     assert MINE_STAGES[-2:] == ("build", "testgen")
     calls = []
 
-    def fake_build(ctx, cands):
-        calls.append(("build", [c.id for c in cands]))
-        for c in cands:
-            c.wrapper.launcher = "built"
-        ctx.store.save(cands, ctx.repo_id)
+    class FakeBuild(Stage):
+        name = StageName.BUILD
 
-    def fake_testgen(ctx, cands):
-        calls.append(("testgen", [c.wrapper.launcher for c in cands], ctx.cfg.filter))
+        def key(self, cand, ctx):
+            return "build-key"
 
-    monkeypatch.setattr(wrappers.stage, "run_build", fake_build)
-    monkeypatch.setattr(testgen.stage, "run_testgen", fake_testgen)
-    ctx = run_stages(MineConfig(repo="", workdir=wd, stages=("build", "testgen"), filter="*a*"))
-    assert calls[0] == ("build", ["a", "b", "e", "n", "u", "w"])
-    assert calls[1] == ("testgen", ["built"] * 6, "*a*")  # read back after build saved
+        def run(self, batch, ctx):
+            calls.append(("build", sorted(c.id for c in batch)))
+            for c in batch:
+                c.wrapper.launcher = "built"
+                c.set_stage(self.name, StageResult(status=Status.OK))
+                yield c
+
+    class FakeTestgen(Stage):
+        name = StageName.TESTGEN
+        needs = (StageName.BUILD,)
+
+        def key(self, cand, ctx):
+            return "testgen-key"
+
+        def run(self, batch, ctx):
+            calls.append(("testgen", [c.wrapper.launcher for c in batch], ctx.cfg.filter))
+            return []
+
+    cfg = RunConfig(repo="", workdir=wd, filter="*a*")
+    ctx = run(cfg, [FakeBuild(), FakeTestgen()], command="build testgen")
+    assert calls[0] == ("build", ["a"])  # the filter is the runner's
+    assert calls[1] == ("testgen", ["built"], "*a*")  # read back after build saved
     assert "testgen" in ctx.timings
     calls.clear()
-    run_stages(MineConfig(repo="", workdir=wd, stages=("build",)))
-    assert [c[0] for c in calls] == ["build"]
+    run(RunConfig(repo="", workdir=wd), [FakeBuild()], command="build")
+    assert calls == [("build", ["b", "e", "n", "u", "w"])]  # a is built under the same key
 
 
 def test_testgen_command(wd, monkeypatch):
-    import testgen.stage
+    from testgen.testgen_stage import Testgen
 
     seen = []
-    monkeypatch.setattr(
-        testgen.stage, "run_testgen", lambda ctx, cands: seen.append((ctx.cfg, len(cands)))
-    )
+
+    def fake_run(self, batch, ctx):
+        seen.append((ctx.cfg, [c.id for c in batch]))
+        return []
+
+    monkeypatch.setattr(Testgen, "run", fake_run)
     res = invoke("testgen", "--workdir", str(wd), "--filter", "k_a.cu", "--redo", "--json")
     assert res.exit_code == 0, res.output
-    ((cfg, n),) = seen
-    assert (cfg.stages, cfg.filter, cfg.redo, n) == (("testgen",), "k_a.cu", True, 6)
+    ((cfg, ids),) = seen
+    assert (cfg.stages, cfg.filter, cfg.redo, ids) == (("testgen",), "k_a.cu", True, ["a"])
     data = json.loads(res.stdout)
     assert (data["tests"], data["references"]) == (4, 4)
     assert "testgen" in data["last_run"]["timings_s"]
+    res = invoke("testgen", "--workdir", str(wd), "--llm", "openai", env={"OPENAI_BASE_URL": ""})
+    assert res.exit_code == 2 and "needs an endpoint" in one_error_line(res)
 
 
 def test_mine_knows_the_testgen_stage(tmp_path):
@@ -371,12 +392,12 @@ def test_verify_without_a_gpu(wd):
 
 def test_gpu_detection_matches_torch(monkeypatch):
     torch = pytest.importorskip("torch")
-    from miner import cli_verify
+    from miner.cli import verify
 
     monkeypatch.delenv("KMINER_ASSUME_GPU", raising=False)
-    assert cli_verify._has_gpu() is torch.cuda.is_available()
+    assert verify.has_gpu() is torch.cuda.is_available()
     monkeypatch.setenv("KMINER_ASSUME_GPU", "1")
-    assert cli_verify._has_gpu() is True
+    assert verify.has_gpu() is True
 
 
 def test_verify_runs_the_bundle_and_ingests(wd, tmp_path):
@@ -408,17 +429,21 @@ def test_verify_runs_the_bundle_and_ingests(wd, tmp_path):
     assert s["last_run"]["counts"] == {"mismatch": 1, "pass": 1, "weak_test": 1}
     assert {"bundle", "run"} <= set(s["last_run"]["timings_s"])
 
-    # a rerun unpacks over the last bundle: old files go, the build cache stays
+    # a rerun verifies nothing that is verified; --redo unpacks over the last bundle: old files
+    # go, the build cache stays
     steps = len(log.read_text().splitlines())
+    res = invoke(*args, "--run-timeout", "60", "--json", env=env)
+    assert res.exit_code == 0 and json.loads(res.stdout)["ingested"] == 0
+    assert len(log.read_text().splitlines()) == steps
     (base / "bundle" / "tests" / "stale.py").write_text("x")
-    res = invoke(*args, "--run-timeout", "60", env=env)
+    res = invoke(*args, "--run-timeout", "60", "--redo", env=env)
     assert res.exit_code == 0, res.output
     again = [ln.split()[0] for ln in log.read_text().splitlines()[steps:]]
     assert again and set(again) == {"run"}  # nothing built twice
     assert not (base / "bundle" / "tests" / "stale.py").exists()
 
-    # --only reaches run.py: one result, the others keep theirs
-    res = invoke(*args, "--only", "b", "--json", env=env)
+    # --only: one result, the others keep theirs
+    res = invoke(*args, "--only", "b", "--redo", "--json", env=env)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["outcomes"] == {"mismatch": 1}
     assert set(json.loads((base / "results.json").read_text())["entries"]) == {"b"}
@@ -433,12 +458,20 @@ def test_verify_needs_tests_and_a_store(wd, tmp_path):
 
 
 def test_summary_always_shows_the_stage_figures():
-    from miner.candidate import Candidate, Kernel, Provenance, Reason, Stage, StageResult, Status
+    from miner.candidate import (
+        Candidate,
+        Kernel,
+        Provenance,
+        Reason,
+        StageName,
+        StageResult,
+        Status,
+    )
 
     kernel = Kernel(name="k", file="k.cu", line=1, start_line=1, end_line=1, source="")
     cand = Candidate(id="x", provenance=Provenance(repo_url="u", commit="c"), kernel=kernel)
-    cand.set_stage(Stage.VERIFY, StageResult(status=Status.ERROR, reason=Reason.NO_GPU))
-    cand.set_stage(Stage.TESTGEN, StageResult(status=Status.ERROR, reason=Reason.NO_CASES))
+    cand.set_stage(StageName.VERIFY, StageResult(status=Status.ERROR, reason=Reason.NO_GPU))
+    cand.set_stage(StageName.TESTGEN, StageResult(status=Status.ERROR, reason=Reason.NO_CASES))
     stages = cand.summary()["stages"]
     assert stages["verify"] == {
         "status": "error",

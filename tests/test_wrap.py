@@ -6,7 +6,7 @@ import pytest
 from conftest import FIXTURES, kernel, needs_nvcc
 
 from miner.candidate import Provenance
-from miner.stages import to_candidate
+from miner.repo_model import to_candidate
 from wrappers.batching import batch_source, split_label
 from wrappers.batching import blame as _blame
 from wrappers.label import render_label, unit_parts
@@ -203,7 +203,7 @@ def test_batch_build_isolates_a_broken_label(opchain):
 
 
 def test_parallel_builds_are_capped_by_batches_and_memory():
-    from wrappers.stage import GB_PER_BUILD, build_workers
+    from wrappers.build_stage import GB_PER_BUILD, build_workers
 
     assert build_workers(1, 10) == 1
     assert build_workers(8, 2) <= 2

@@ -1,5 +1,5 @@
-"""Build check of labels: nvcc with the flags `torch.utils.cpp_extension` uses, many labels per
-translation unit.
+"""Build check of labels: nvcc with the flags `torch.utils.cpp_extension` uses (toolchain.py),
+many labels per translation unit.
 
 A label includes <torch/extension.h>, whose parse costs ~90 s and ~3 GB per nvcc call here; one
 call per kernel (what KernelBench-style harnesses do) pays that for every kernel. We instead put a
@@ -10,62 +10,44 @@ leave the batch and the rest is rebuilt, so one bad label never fails its neighb
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from miner.compile import TORCH_NVCC_FLAGS, nvcc_path, torch_include_dirs
-from miner.includes import exists_on_system
+from miner import toolchain
 from wrappers.batching import batch_source, blame
 
 
 @dataclass
 class BuildResult:
+    """One label's verdict."""
+
     ok: bool
     detail: str  # first error line, or "" when ok
     log: str
     seconds: float  # this label's share of the nvcc wall time
 
 
-@functools.cache
-def build_flags() -> tuple[str, ...]:
-    """What cpp_extension passes to nvcc for a CUDA extension (include dirs, defines, arch)."""
-    shims = Path(str(resources.files("miner") / "stubs"))
-    incs = list(torch_include_dirs())
-    if not exists_on_system("cublas_v2.h"):  # compile-only machine without CUDA math libraries
-        incs.append(str(shims / "cuda_libs_shim"))
-    incs.append(sysconfig.get_paths()["include"])
-    abi = 1
-    try:  # the ABI flag torch was built with (importing torch only for this, once)
-        import torch
-
-        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    except Exception:  # pragma: no cover - torch is a dependency
-        pass
-    return (
-        *[f"-I{d}" for d in incs],
-        *TORCH_NVCC_FLAGS,
-        "-DTORCH_API_INCLUDE_EXTENSION_H",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-std=c++17",
-        "-arch=sm_90",
-        "-Xcompiler",
-        "-fPIC",
-        "-w",
-    )
+BuildFn = Callable[[str, str], BuildResult]  # (label id, label text) -> its verdict
 
 
 def _nvcc(source: str, timeout: float) -> tuple[int | None, str, float]:
     with tempfile.TemporaryDirectory(prefix="kminer-build-") as tmp:
         src = Path(tmp) / "batch.cu"
         src.write_text(source, encoding="latin-1", errors="replace")
-        cmd = [nvcc_path() or "nvcc", "-c", *build_flags(), str(src), "-o", str(Path(tmp) / "b.o")]
+        out = str(Path(tmp) / "b.o")
+        cmd = [
+            toolchain.nvcc_path() or "nvcc",
+            "-c",
+            *toolchain.extension_flags(),
+            str(src),
+            "-o",
+            out,
+        ]
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=tmp)

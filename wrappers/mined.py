@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.closure import Closure, compute_closure
-from miner.discover import Discovery, FoundKernel
 from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.linearize import Entry
+from miner.repo_model import Discovery, FoundKernel
 from miner.unit import render_host_code
 from wrappers.label import Exposed
 from wrappers.signature import Signature, bindable, parse_signature

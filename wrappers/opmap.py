@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from miner.discover import Discovery
 from miner.filemodel import Item
+from miner.repo_model import Discovery
 
 _REGISTER = re.compile(r"\b(REGISTER_\w*IMPL\w*)\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _PYDEF = re.compile(r"\bm\.def\s*\(\s*\"(\w+)\"\s*,\s*&?\s*([\w:]+)")

@@ -7,30 +7,21 @@ and a rerun of either compiles nothing.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable
-from pathlib import Path
 
+from miner import toolchain
 from miner.candidate import Reason
-from miner.compile import nvcc_version
-from wrappers.build import BuildResult, build_flags
+from miner.versions import code_version
+from wrappers.build import BuildFn, BuildResult
 from wrappers.label import Label
-
-BuildFn = Callable[[str, str], BuildResult]
-
-
-@functools.cache
-def _batcher_hash() -> str:
-    here = Path(__file__).parent
-    return hashlib.sha256(
-        (here / "batching.py").read_bytes() + (here / "build.py").read_bytes()
-    ).hexdigest()[:12]
 
 
 def build_key(label_hash: str) -> str:
     """A verdict depends on the label, the compiler, its flags and how kminer batches labels."""
-    blob = "\0".join([nvcc_version(), " ".join(build_flags()), _batcher_hash(), label_hash])
+    flags = " ".join(toolchain.extension_flags())
+    code = code_version("wrappers.build")
+    blob = "\0".join([toolchain.nvcc_version(), flags, toolchain.torch_version(), code, label_hash])
     return "build-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

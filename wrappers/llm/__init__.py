@@ -4,7 +4,6 @@ turns answers into checked JSON; `compiler` shows the model its build errors and
 verdicts; `flow` runs analysis → code → build → reflection."""
 
 from wrappers.llm.client import LLMClient, LLMUnavailable, Reply, client_from_env
-from wrappers.llm.compiler import cached_build
 from wrappers.llm.flow import LLMWrapResult, wrap_with_llm
 
 __all__ = [
@@ -12,7 +11,6 @@ __all__ = [
     "LLMUnavailable",
     "LLMWrapResult",
     "Reply",
-    "cached_build",
     "client_from_env",
     "wrap_with_llm",
 ]

@@ -26,7 +26,7 @@ from email.utils import parsedate_to_datetime
 
 import openai
 
-from curation.store import Store
+from miner.store import Store
 
 log = logging.getLogger(__name__)
 

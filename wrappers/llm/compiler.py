@@ -10,17 +10,12 @@ log costs tokens and attention.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 from wrappers.batching import split_label
-from wrappers.build import BuildResult
-from wrappers.verdicts import cached_build  # noqa: F401  (re-exported for the flow's users)
 
 LOG_LINES = 40
 LINE_CHARS = 240
 _ERROR = re.compile(r"(?:\(\d+\)|:\d+(?::\d+)?): (?:catastrophic |fatal )?error\b")
-
-BuildFn = Callable[[str, str], BuildResult]
 
 
 def error_excerpt(log: str, limit: int = LOG_LINES) -> str:

@@ -15,8 +15,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from curation.store import Store
 from miner.candidate import Candidate, Reason, Status
+from miner.store import Store
+from wrappers.build import BuildFn
 from wrappers.label import (
     Exposed,
     Label,
@@ -27,7 +28,7 @@ from wrappers.label import (
     with_wrapper_includes,
 )
 from wrappers.llm.client import LLMClient, LLMUnavailable, Reply
-from wrappers.llm.compiler import BuildFn, LineMapper, error_excerpt
+from wrappers.llm.compiler import LineMapper, error_excerpt
 from wrappers.llm.parse import (
     AnswerError,
     CodeAnswer,

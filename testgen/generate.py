@@ -1,10 +1,9 @@
-"""The testgen stage: for each built label, a CPU reference, cases, wrong variants and test_code.
+"""One candidate's test: a CPU reference, cases, wrong variants and the standalone test_code.
 
 Everything here runs on this machine without a GPU and without running repository code outside
 the sandbox (the repository's tests are run by the recorder, in the sandbox). The GPU part is
 `kminer verify` or a bundle. A candidate without a reference or without cases is `skipped` with
-its reason (not a failure: it waits for an LLM reference or generated inputs); a rerun redoes a
-candidate only when its label, the repository's recorded calls or the test template changed.
+its reason (not a failure: it waits for an LLM reference or generated inputs).
 """
 
 from __future__ import annotations
@@ -12,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-from miner.candidate import Candidate, Reason, Reference, Stage, StageResult, Status, Tests
+from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
@@ -25,55 +24,33 @@ from testgen.cases import (
     label_dtypes,
     plan,
 )
-from testgen.inputs import RECORDER, record_repo_calls
+from testgen.llm_inputs import write_llm_calls
+from testgen.llm_reference import write_llm_reference
 from testgen.made_inputs import RULE_ORIGIN, exposed_params, rule_calls
 from testgen.reach import dead_spans, kernel_scalars
-from testgen.testcode import order_free_reason, render_test, template_version
+from testgen.reference import find_reference
+from testgen.testcode import order_free_reason, render_test
 from testgen.variants import VariantKind, derive_variants
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelHelp:
+    """A model's help where the repository has no reference or no inputs (`--llm`)."""
+
+    client: object  # wrappers.llm.client.LLMClient
+    store: object  # miner.store.Store: the client's cache and the attempt rows
+    max_attempts: int = 3
+
+
 VARIANTS_PER_KIND = 3  # the best of each kind, then alternates for one that survives or fails
 
 
-def _version() -> str:
-    h = hashlib.sha256(template_version().encode())
-    for mod in (
-        "cases",
-        "interp",
-        "reference",
-        "argmap",
-        "variants",
-        "testcode",
-        "stage",
-        "reach",
-        "llm_reference",
-        "refcheck",
-        "llm_turns",
-        "llm_inputs",
-        "callcheck",
-        "made_inputs",
-    ):
-        h.update(Path(__file__).with_name(f"{mod}.py").read_bytes())
-    h.update(RECORDER.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _eligible(cand: Candidate, workdir: Path) -> bool:
-    built = cand.stage(Stage.BUILD)
-    return bool(
-        built
-        and built.status == Status.OK
-        and cand.wrapper.label_path
-        and (workdir / cand.wrapper.label_path).is_file()
-    )
-
-
-def _skip(cand: Candidate, reason: Reason, detail: str, key: str, **metrics) -> None:
+def _skip(cand: Candidate, reason: Reason, detail: str, **metrics) -> None:
     cand.set_stage(
-        Stage.TESTGEN,
-        StageResult(
-            status=Status.SKIPPED, reason=reason, detail=detail[:300], key=key, metrics=metrics
-        ),
+        StageName.TESTGEN,
+        StageResult(status=Status.SKIPPED, reason=reason, detail=detail[:300], metrics=metrics),
     )
 
 
@@ -111,8 +88,6 @@ def _write_variants(
 
 def _llm_reference(cand, refs, base, label_text: str, sig, llm, workdir: Path):
     """The model's reference (testgen/llm_reference.py), or why there is none."""
-    from testgen.llm_reference import write_llm_reference
-
     if sig is None:
         return "llm: the host function has no signature to write a reference for"
     return write_llm_reference(
@@ -131,8 +106,6 @@ def _llm_reference(cand, refs, base, label_text: str, sig, llm, workdir: Path):
 def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[list, str, str]:
     """(base calls, cases_source, who made them) when the repository's tests never call the
     op: by rule, else by the model; ([], "", why) when neither can."""
-    from testgen.llm_inputs import write_llm_calls
-
     if sig is None:
         return [], "", "the host function has no signature to make inputs for"
     made = rule_calls(cand, sig)
@@ -160,17 +133,17 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], "llm", by
 
 
-def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str, llm=None) -> None:
+def generate_for(
+    cand: Candidate, refs, recorded: dict, workdir: Path, llm: ModelHelp | None = None
+) -> None:
     """Set the candidate's reference, tests and testgen stage (never raises for bad input).
     `llm` (client, store, max_attempts) writes a reference where the repository has none."""
-    from testgen.reference import find_reference
-
     start = time.perf_counter()
-    cand.clear_stage(Stage.VERIFY)  # whatever comes out, the last verdict was on other tests
+    cand.clear_stage(StageName.VERIFY)  # whatever comes out, the last verdict was on other tests
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
     if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
         cand.reference = Reference()
-        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=False)
+        _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)
         return
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
@@ -193,7 +166,7 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     if isinstance(found, str):
         cand.reference = Reference()
         llm_tried = tried or inputs_tried  # asked once (inputs or reference): not again
-        _skip(cand, Reason.NO_REFERENCE, found, key, reference_kind="", llm_tried=llm_tried)
+        _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=llm_tried)
         return
     cand.reference = found
     reference_text = (workdir / found.path).read_text("latin-1")
@@ -202,7 +175,6 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
             cand,
             Reason.NO_CASES,
             "; ".join(why),
-            key,
             reference_kind=found.kind,
             llm_inputs_tried=inputs_tried,
         )
@@ -239,11 +211,10 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
     if len(set(kinds)) < 3:
         short.append(f"wrong variants of {len(set(kinds))} kinds")
     cand.set_stage(
-        Stage.TESTGEN,
+        StageName.TESTGEN,
         StageResult(
             status=Status.OK,
             detail=("short: " + ", ".join(short)) if short else "",
-            key=key,
             seconds=round(time.perf_counter() - start, 3),
             metrics={
                 "num_cases": cand.tests.num_cases,
@@ -255,54 +226,3 @@ def generate_for(cand: Candidate, refs, recorded: dict, workdir: Path, key: str,
             },
         ),
     )
-
-
-def run_testgen(ctx, cands: list[Candidate]) -> None:
-    from miner.stages import matches
-    from testgen.reference import RepoRefs
-
-    version = _version()
-    todo = []
-    for cand in cands:
-        if not matches(cand, ctx.cfg.filter) or not _eligible(cand, ctx.workdir):
-            continue
-        key = hashlib.sha256(f"{version}|{cand.wrapper.label_hash}".encode()).hexdigest()[:16]
-        done = cand.stage(Stage.TESTGEN)
-        fresh = done is not None and done.key == key and not ctx.cfg.redo
-        if fresh and ctx.llm is not None and done.reason == Reason.NO_REFERENCE:
-            fresh = bool(done.metrics.get("llm_tried"))  # a model may write what the repo lacks
-        if fresh and ctx.llm is not None and done.reason == Reason.NO_CASES:
-            fresh = bool(done.metrics.get("llm_inputs_tried"))
-        if fresh and (done.status != Status.OK or (ctx.workdir / cand.tests.path).is_file()):
-            continue
-        todo.append((cand, key))
-    ctx.progress.start(Stage.TESTGEN.value, len(todo))
-    if not todo:
-        ctx.progress.end(Stage.TESTGEN.value)
-        return
-    ctx.ensure_discovery()
-    refs = RepoRefs(ctx.discovery)
-    wanted = {c.wrapper.op_map.get("python_name") for c, _ in todo}
-    wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
-    with ctx.timed("record"):
-        recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
-    llm = None
-    if ctx.llm is not None:
-        llm = SimpleNamespace(client=ctx.llm, store=ctx.store, max_attempts=ctx.cfg.max_attempts)
-    for cand, key in todo:
-        try:
-            generate_for(cand, refs, recorded, ctx.workdir, key, llm)
-        except Exception as exc:  # one broken candidate never stops the stage
-            log.exception("testgen failed for %s", cand.id)
-            cand.set_stage(
-                Stage.TESTGEN,
-                StageResult(
-                    status=Status.ERROR,
-                    reason=Reason.NO_CASES,
-                    key="",
-                    detail=f"error: {type(exc).__name__}: {exc}"[:300],
-                ),
-            )
-        ctx.store.save(cand, ctx.repo_id)
-        ctx.progress.advance(Stage.TESTGEN.value)
-    ctx.progress.end(Stage.TESTGEN.value)

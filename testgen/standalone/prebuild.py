@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:  # in kminer
+    from miner import toolchain
     from wrappers.batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
 except ImportError:  # in a bundle: beside run.py
+    import toolchain
     from batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
 
 MAX_PER_BATCH = 12
@@ -67,7 +69,12 @@ def compile_batch(members: list[tuple[str, bytes]], suffix: str, folder: Path, t
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / f"batch{suffix}"
     src.write_text(source, encoding="latin-1", errors="replace")
-    env = {**os.environ, "MAX_JOBS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        **toolchain.extension_env(),
+        "MAX_JOBS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     start = time.monotonic()
     argv = [sys.executable, "-c", _BUILD, folder.name, str(src), str(folder)]
     proc = subprocess.Popen(

@@ -1,8 +1,14 @@
-"""The workdir's database: candidates, repositories, file skips, compile cache and runs.
+"""The pipeline's database: repositories, candidates, file skips, caches, attempts and runs.
 
 SQLite by default (one file beside the artifacts), any SQLAlchemy URL otherwise (Postgres for a
 shared curation server). Each write commits at once, so a killed run loses at most the one
-candidate it was working on, and rerunning the same command picks up from there.
+candidate it was working on, and rerunning the same command picks up from there. The curators'
+state (reviews, audit, sessions) is not kept here: `curation/` creates its own tables in the same
+database, on top of this one.
+
+Beside each candidate's JSON document the store keeps a narrow, indexed summary row (`queue`: op,
+strategy, reference kind, outcome, kill rate, kernel time) so that a review queue of 10,000
+candidates filters and pages in SQL instead of parsing every document.
 """
 
 from __future__ import annotations
@@ -10,32 +16,30 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Iterator
-from enum import StrEnum
 from pathlib import Path
 
 from sqlalchemy import (
     JSON,
-    Boolean,
     Float,
     Integer,
+    MetaData,
     String,
     Text,
     create_engine,
     event,
     inspect,
     select,
-    update,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from miner.candidate import Candidate
+from miner.candidate import Candidate, StageName
 
 DB_NAME = "kminer.db"
 
 
-def _now() -> dt.datetime:
+def now() -> dt.datetime:
+    """UTC now without a zone: what every timestamp column holds."""
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
@@ -54,7 +58,7 @@ class RepoRow(Base):
     license_file: Mapped[str] = mapped_column(String(512), default="")
     root: Mapped[str] = mapped_column(String(2048), default="")
     discovery: Mapped[dict] = mapped_column(JSON, default=dict)  # counts + extractor version
-    updated_at: Mapped[dt.datetime] = mapped_column(default=_now, onupdate=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=now, onupdate=now)
 
 
 class CandidateRow(Base):
@@ -65,7 +69,7 @@ class CandidateRow(Base):
     line: Mapped[int] = mapped_column(Integer)
     kernel: Mapped[str] = mapped_column(String(512), index=True)
     data: Mapped[dict] = mapped_column(JSON)
-    updated_at: Mapped[dt.datetime] = mapped_column(default=_now, onupdate=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=now, onupdate=now)
 
 
 class FileSkipRow(Base):
@@ -85,7 +89,7 @@ class CompileCacheRow(Base):
     text: Mapped[str] = mapped_column(Text, default="")
     log: Mapped[str] = mapped_column(Text, default="")
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(default=now)
 
 
 class LLMCacheRow(Base):
@@ -96,7 +100,7 @@ class LLMCacheRow(Base):
     model: Mapped[str] = mapped_column(String(256), default="")
     request: Mapped[dict] = mapped_column(JSON, default=dict)  # no secrets: messages + params
     response: Mapped[dict] = mapped_column(JSON, default=dict)  # text, usage
-    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(default=now)
 
 
 class AttemptRow(Base):
@@ -119,7 +123,7 @@ class AttemptRow(Base):
     passed: Mapped[bool] = mapped_column(default=False)
     tokens_in: Mapped[int] = mapped_column(Integer, default=0)
     tokens_out: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(default=now)
 
 
 class RunRow(Base):
@@ -127,71 +131,62 @@ class RunRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     command: Mapped[str] = mapped_column(Text, default="")
     repo_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    started_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    started_at: Mapped[dt.datetime] = mapped_column(default=now)
     finished_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="running")
     timings: Mapped[dict] = mapped_column(JSON, default=dict)
     counts: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
-class Decision(StrEnum):
-    """A curator's verdict on a candidate (closed set: the queue filters and export read it)."""
+class QueueRow(Base):
+    """A candidate's summary for the review queue, kept in step by `Store.save`."""
 
-    PENDING = "pending"
-    ACCEPTED = "accepted"
-    REJECTED = "rejected"
-    NEEDS_EDIT = "needs_edit"
-
-
-class VersionConflict(Exception):
-    """A write based on an older version of a review; `current` is the newer state."""
-
-    def __init__(self, current: dict) -> None:
-        super().__init__(f"review of {current['cand_id']} is at version {current['version']}")
-        self.current = current
-
-
-class ReviewRow(Base):
-    """A candidate's curation state now; `version` grows by one per write (optimistic locking)."""
-
-    __tablename__ = "reviews"
+    __tablename__ = "queue"
     cand_id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    decision: Mapped[str] = mapped_column(String(16), default=Decision.PENDING.value, index=True)
-    reason: Mapped[str] = mapped_column(String(64), default="")
-    note: Mapped[str] = mapped_column(Text, default="")
-    curator: Mapped[str] = mapped_column(String(128), default="")
-    reviewed_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
-    override: Mapped[bool] = mapped_column(Boolean, default=False)  # accepted despite the checks
-    instruction: Mapped[str | None] = mapped_column(Text, nullable=True)  # curator's edit wins
-    instruction_complete: Mapped[str | None] = mapped_column(Text, nullable=True)
-    version: Mapped[int] = mapped_column(Integer, default=0)
+    repo_id: Mapped[int] = mapped_column(Integer, index=True)
+    kernel: Mapped[str] = mapped_column(String(512), index=True)
+    file: Mapped[str] = mapped_column(String(1024), default="")
+    line: Mapped[int] = mapped_column(Integer, default=0)
+    op: Mapped[str] = mapped_column(String(256), default="", index=True)
+    strategy: Mapped[str] = mapped_column(String(16), default="", index=True)
+    reference_kind: Mapped[str] = mapped_column(String(16), default="", index=True)
+    outcome: Mapped[str] = mapped_column(String(32), default="", index=True)
+    kill_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
+    kernel_time_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=now, onupdate=now)
 
 
-class AuditRow(Base):
-    """Every curation write: who, when, what, the state before and after."""
+def queue_summary(cand: Candidate, repo_id: int) -> dict:
+    """The queue's columns for one candidate. `outcome` is the verify outcome, else why the
+    candidate stopped (the last stage's reason), else ''."""
+    verify = cand.stage(StageName.VERIFY)
+    outcome = verify.metrics.get("outcome", "") if verify else ""
+    if not outcome:
+        stopped = [r for r in cand.stages.values() if r.reason is not None]
+        outcome = stopped[-1].reason.value if stopped else ""
+    return dict(
+        cand_id=cand.id,
+        repo_id=repo_id,
+        kernel=cand.kernel.name,
+        file=cand.kernel.file,
+        line=cand.kernel.line,
+        op=cand.wrapper.op_map.get("python_name") or "",
+        strategy=cand.wrapper.strategy,
+        reference_kind=cand.reference.kind,
+        outcome=outcome,
+        kill_rate=verify.metrics.get("kill_rate") if verify else None,
+        kernel_time_us=verify.metrics.get("kernel_time_us") if verify else None,
+    )
 
-    __tablename__ = "audit"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[dt.datetime] = mapped_column(default=_now)
-    curator: Mapped[str] = mapped_column(String(128), default="")
-    cand_id: Mapped[str] = mapped_column(String(32), default="", index=True)
-    action: Mapped[str] = mapped_column(String(32))
-    before: Mapped[dict] = mapped_column(JSON, default=dict)
-    after: Mapped[dict] = mapped_column(JSON, default=dict)
 
-
-REVIEW_FIELDS = ("decision", "reason", "note", "curator", "override")
-REVIEW_FIELDS += ("instruction", "instruction_complete")
-
-
-def _review_dict(cand_id: str, row: ReviewRow | None) -> dict:
+def _upsert_summary(session: Session, cand: Candidate, repo_id: int) -> None:
+    values = queue_summary(cand, repo_id)
+    row = session.get(QueueRow, cand.id)
     if row is None:
-        return {"cand_id": cand_id, "decision": Decision.PENDING.value, "reason": "", "note": "",
-                "curator": "", "reviewed_at": None, "override": False, "instruction": None,
-                "instruction_complete": None, "version": 0}  # fmt: skip
-    out = {c.name: getattr(row, c.name) for c in ReviewRow.__table__.columns}
-    out["reviewed_at"] = row.reviewed_at.isoformat() if row.reviewed_at else None
-    return out
+        session.add(QueueRow(**values))
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -204,13 +199,15 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cur.close()
 
 
-def _add_missing_columns(engine: Engine) -> None:
-    """Columns added to a table after a store was created (nullable ones only): `create_all`
-    makes missing tables, never missing columns, and a workdir outlives kminer versions."""
+def create_tables(engine: Engine, metadata: MetaData) -> None:
+    """Make the tables of `metadata` a store lacks, and the columns added to a table after the
+    store was created (nullable ones only): `create_all` makes missing tables, never missing
+    columns, and a workdir outlives kminer versions."""
+    metadata.create_all(engine)
     found = inspect(engine)
     tables = set(found.get_table_names())
     with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
+        for table in metadata.sorted_tables:
             if table.name not in tables:
                 continue
             have = {c["name"] for c in found.get_columns(table.name)}
@@ -229,10 +226,7 @@ class Store:
         self.engine = create_engine(url, future=True)
         if url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
-        from curation import curators, queue  # noqa: F401  (their tables join the metadata)
-
-        Base.metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
+        create_tables(self.engine, Base.metadata)
 
     @classmethod
     def open(cls, workdir: Path, url: str | None = None) -> Store:
@@ -288,8 +282,6 @@ class Store:
 
     # candidates -----------------------------------------------------------------------------
     def save(self, cands: Candidate | Iterable[Candidate], repo_id: int | None = None) -> None:
-        from curation import queue
-
         items = [cands] if isinstance(cands, Candidate) else list(cands)
         with Session(self.engine) as s:
             for c in items:
@@ -314,7 +306,7 @@ class Store:
                         c.kernel.name,
                         data,
                     )
-                queue.upsert(s, c, row.repo_id)
+                _upsert_summary(s, c, row.repo_id)
             s.commit()
 
     def candidates(self, repo_id: int | None = None) -> list[Candidate]:
@@ -330,87 +322,21 @@ class Store:
             for row in s.scalars(q):
                 yield Candidate.model_validate(row.data)
 
+    def fill_summaries(self) -> int:
+        """Write the queue summaries a store lacks (written before they existed); how many."""
+        with Session(self.engine) as s:
+            missing = s.scalars(
+                select(CandidateRow).where(~CandidateRow.id.in_(select(QueueRow.cand_id)))
+            ).all()
+            for row in missing:
+                _upsert_summary(s, Candidate.model_validate(row.data), row.repo_id)
+            s.commit()
+            return len(missing)
+
     def get(self, cand_id: str) -> Candidate | None:
         with Session(self.engine) as s:
             row = s.get(CandidateRow, cand_id)
             return Candidate.model_validate(row.data) if row else None
-
-    # reviews and audit ----------------------------------------------------------------------
-    def review(self, cand_id: str) -> dict:
-        """The candidate's review state; a candidate never reviewed is `pending` at version 0."""
-        with Session(self.engine) as s:
-            return _review_dict(cand_id, s.get(ReviewRow, cand_id))
-
-    def reviews(self, decision: Decision | str | None = None) -> dict[str, dict]:
-        """Every stored review (by candidate id), or only those with one decision."""
-        with Session(self.engine) as s:
-            q = select(ReviewRow)
-            if decision is not None:
-                q = q.where(ReviewRow.decision == Decision(decision).value)
-            return {r.cand_id: _review_dict(r.cand_id, r) for r in s.scalars(q)}
-
-    def write_review(
-        self,
-        cand_id: str,
-        base_version: int,
-        curator: str,
-        action: str,
-        changes: dict | None = None,
-        **fields,
-    ) -> dict:
-        """Apply `fields` if the review is still at `base_version`; audit it in the same commit.
-
-        Raises VersionConflict (carrying the newer state) when another write came first, so two
-        curators acting on the same candidate never silently overwrite each other. `changes`
-        ({key: (before, after)}) records what else the action changed (a label revision) in
-        the audit row.
-        """
-        unknown = set(fields) - set(REVIEW_FIELDS)
-        if unknown:
-            raise ValueError(f"not a review field: {', '.join(sorted(unknown))}")
-        values = {k: v.value if isinstance(v, Decision) else v for k, v in fields.items()}
-        values.update(curator=curator, version=base_version + 1)
-        if "decision" in fields:
-            values["reviewed_at"] = _now()
-        with Session(self.engine) as s:
-            before = _review_dict(cand_id, s.get(ReviewRow, cand_id))
-            if before["version"] != base_version:
-                raise VersionConflict(before)
-            if base_version == 0:
-                s.add(ReviewRow(cand_id=cand_id, **values))
-            else:  # the WHERE on version makes the check and the write one atomic step
-                done = s.execute(
-                    update(ReviewRow)
-                    .where(ReviewRow.cand_id == cand_id, ReviewRow.version == base_version)
-                    .values(**values)
-                )
-                if done.rowcount != 1:
-                    s.rollback()
-                    raise VersionConflict(self.review(cand_id))
-            after = dict(before, **values)
-            after["reviewed_at"] = (
-                values["reviewed_at"].isoformat()
-                if "reviewed_at" in values
-                else before["reviewed_at"]
-            )
-            extra = changes or {}
-            s.add(AuditRow(curator=curator, cand_id=cand_id, action=action,
-                           before={**before, **{k: v[0] for k, v in extra.items()}},
-                           after={**after, **{k: v[1] for k, v in extra.items()}}))  # fmt: skip
-            try:
-                s.commit()
-            except IntegrityError:  # two first writes raced on the insert
-                s.rollback()
-                raise VersionConflict(self.review(cand_id)) from None
-            return after
-
-    def audit(self, cand_id: str | None = None) -> list[dict]:
-        with Session(self.engine) as s:
-            q = select(AuditRow).order_by(AuditRow.id)
-            if cand_id is not None:
-                q = q.where(AuditRow.cand_id == cand_id)
-            cols = AuditRow.__table__.columns
-            return [{c.name: getattr(r, c.name) for c in cols} for r in s.scalars(q)]
 
     # compile cache --------------------------------------------------------------------------
     def cached_compile(self, key: str) -> CompileCacheRow | None:
@@ -478,7 +404,7 @@ class Store:
         with Session(self.engine) as s:
             row = s.get(RunRow, run_id)
             row.status, row.repo_id, row.timings, row.counts = status, repo_id, timings, counts
-            row.finished_at = _now()
+            row.finished_at = now()
             s.commit()
 
     def last_run(self) -> RunRow | None:

@@ -1,4 +1,4 @@
-"""`kminer curator add|list|revoke`, `serve`, `export` and `publish`, on miner.cli's app.
+"""`kminer curator add|list|revoke`, `serve`, `export` and `publish`: the curators' commands.
 
 `curator add` prints the token once, as the last word of its last line (scripts take it with
 `| tail -1 | awk '{print $NF}'`); the store keeps only its hash.
@@ -11,24 +11,23 @@ from typing import Annotated
 
 import typer
 
-from miner.cli import (
+from curation import curators
+from miner.cli.common import (
     AttemptsOpt,
     BaseUrlOpt,
     DbOpt,
     LlmOpt,
     ModelOpt,
     WorkdirOpt,
-    _fail,
-    _llm_mode,
-    _open_store,
-    app,
+    fail,
+    llm_mode,
+    open_store,
     out,
 )
 
 curator_app = typer.Typer(
     no_args_is_help=True, help="Curators of the review queue and their tokens."
 )
-app.add_typer(curator_app, name="curator")
 
 
 @curator_app.command("add")
@@ -38,13 +37,11 @@ def curator_add(
     db: DbOpt = None,
 ) -> None:
     """Add a curator and print their token (once: only its hash is kept)."""
-    from curation import curators
-
-    store = _open_store(workdir, db)
+    store = open_store(workdir, db)
     try:
         token = curators.add(store, name)
     except curators.CuratorError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     finally:
         store.close()
     out.print(f"curator {name} added; keep this token, it is not shown again:", highlight=False)
@@ -54,9 +51,7 @@ def curator_add(
 @curator_app.command("list")
 def curator_list(workdir: WorkdirOpt = None, db: DbOpt = None) -> None:
     """The curators, and when each was added or revoked."""
-    from curation import curators
-
-    store = _open_store(workdir, db)
+    store = open_store(workdir, db)
     rows = curators.listing(store)
     store.close()
     for r in rows:
@@ -71,19 +66,16 @@ def curator_list(workdir: WorkdirOpt = None, db: DbOpt = None) -> None:
 @curator_app.command("revoke")
 def curator_revoke(name: str, workdir: WorkdirOpt = None, db: DbOpt = None) -> None:
     """Revoke a curator's token; their sessions end, their audit rows stay."""
-    from curation import curators
-
-    store = _open_store(workdir, db)
+    store = open_store(workdir, db)
     try:
         curators.revoke(store, name)
     except curators.CuratorError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     finally:
         store.close()
     out.print(f"curator {name} revoked", highlight=False)
 
 
-@app.command()
 def serve(
     workdir: WorkdirOpt = None,
     db: DbOpt = None,
@@ -98,14 +90,12 @@ def serve(
 
     from curation.server import create_app
 
-    store = _open_store(workdir, db)
+    store = open_store(workdir, db)
+    app = create_app(store, public_read=public_read, workdir=(workdir or Path(".")).resolve())
     out.print(f"kminer review on http://{host}:{port}/", highlight=False)
-    uvicorn.run(
-        create_app(store, public_read=public_read), host=host, port=port, log_level="warning"
-    )
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-@app.command()
 def export(
     workdir: Annotated[
         list[Path],
@@ -162,10 +152,10 @@ def export(
     for item in source or []:
         local, sep, url = item.partition("=")
         if not sep or not local or not url:
-            raise _fail(f"--source {item!r}: expected PATH=URL", 2)
+            raise fail(f"--source {item!r}: expected PATH=URL", 2)
         sources[local] = url
     describe_with = None
-    if _llm_mode(llm, llm_base_url) == "openai":
+    if llm_mode(llm, llm_base_url) == "openai":
         from wrappers.llm.client import client_from_env
 
         def describe_with(store):
@@ -187,7 +177,7 @@ def export(
     try:
         report = run_export(opts, progress=lambda line: out.print(line, highlight=False))
     except (ExportError, FileNotFoundError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     dropped = ", ".join(f"{k} {n}" for k, n in report["dropped"].items()) or "none"
     out.print(
         f"{report['rows']} rows exported to {out_dir} from {report['accepted']} accepted "
@@ -195,10 +185,9 @@ def export(
         highlight=False,
     )
     if report["rows"] == 0:
-        raise _fail(f"nothing exported: see {out_dir}/export_report.json")
+        raise fail(f"nothing exported: see {out_dir}/export_report.json")
 
 
-@app.command()
 def publish(
     folder: Annotated[Path, typer.Argument(help="A folder written by `kminer export`.")],
     repo_id: Annotated[str, typer.Option("--repo-id", help="OWNER/NAME on the Hub.")],
@@ -215,7 +204,7 @@ def publish(
     from curation.publish import publish as push
 
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise _fail(f"--repo-id {repo_id!r}: expected OWNER/NAME", 2)
+        raise fail(f"--repo-id {repo_id!r}: expected OWNER/NAME", 2)
     try:
         if dry_run:
             for line in plan(folder, repo_id, private, revision):
@@ -223,7 +212,7 @@ def publish(
             return
         url = push(folder, repo_id, private=private, revision=revision)
     except PublishError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except Exception as exc:  # the Hub's errors: one line
-        raise _fail(f"publish failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise fail(f"publish failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     out.print(f"published {folder} to {url}", highlight=False)

@@ -47,7 +47,6 @@ import concurrent.futures as cf
 import contextlib
 import datetime
 import hashlib
-import importlib.metadata
 import json
 import os
 import queue
@@ -64,9 +63,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:  # in kminer
-    from testgen import prebuild
+    from miner import toolchain
+    from testgen.standalone import prebuild
 except ImportError:  # in a bundle: beside run.py
     import prebuild
+    import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
 OUTCOMES += ("no_reference", "weak_test")
@@ -125,7 +126,7 @@ def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
         work = Path(tmp)
         (work / "pytest.ini").write_text("[pytest]\n")
         report = work / "report.json"
-        env = {**os.environ, **env_extra, "KMINER_REPORT": str(report)}
+        env = {**os.environ, **toolchain.extension_env(), **env_extra, "KMINER_REPORT": str(report)}
         env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
         argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
@@ -215,7 +216,7 @@ class Runner:
         for i in range(args.gpu_jobs):
             self.gpus.put(devices[i % len(devices)])
         self.devices = devices
-        self.env_key = f"{sys.version}|{_torch_version()}"
+        self.env_key = f"{sys.version}|{toolchain.torch_version()}"
         self.prebuilt: Path | None = None  # where prebuild() left its records, when it ran
         self.prebuilt_state: dict[str, str] = {}  # source digest -> built | cached | alone
         self._dir_locks: dict[Path, threading.Lock] = {}
@@ -398,25 +399,6 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _nvcc_version() -> str:
-    """The release of the nvcc on PATH (`13.0.88`), part of a row's toolchain; '' without one."""
-    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc")
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    m = re.search(r"release [\d.]+, V([\d.]+)", out)
-    return m.group(1) if m else ""
-
-
-def _torch_version() -> str:
-    """From the package metadata: importing torch here would cost seconds and touch nothing."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
 def _gpus() -> tuple[list[str | None], str]:
     """The GPUs to pin GPU slots to ([None]: no pinning) and the first one's name, from
     nvidia-smi: this process never touches CUDA."""
@@ -519,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     todo = [e for e in manifest if args.only is None or e["id"] in args.only]
     todo = [e for e in todo if e["id"] not in results["entries"]]
     results["gpu"] = results["gpu"] or gpu_name
-    results["torch"] = results["torch"] or _torch_version()
-    results["nvcc"] = results.get("nvcc") or _nvcc_version()
+    results["torch"] = results["torch"] or toolchain.torch_version()
+    results["nvcc"] = results.get("nvcc") or toolchain.nvcc_version()
     runner = Runner(bundle, args, devices)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if args.prebuild and todo:

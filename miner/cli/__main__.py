@@ -1,0 +1,5 @@
+"""`python -m miner.cli`: the same as the `kminer` command."""
+
+from miner.cli.app import main
+
+main()

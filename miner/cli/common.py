@@ -1,0 +1,260 @@
+"""What every command shares: the consoles, one-line errors, the common options, the store, the
+log file, progress bars and the funnel table.
+
+Commands take these; none of them imports the app (app.py registers them), so a command module
+can be read, imported and tested on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+from rich.progress import Progress as Bars
+from rich.table import Table
+
+from miner.errors import KminerError, SetupError
+from miner.stage import RunContext
+from miner.stats import funnel
+from miner.store import DB_NAME, Store
+
+err = Console(stderr=True)
+out = Console()
+log = logging.getLogger("miner.cli")
+
+WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", "-w", help="Run directory.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="SQLAlchemy URL instead of the workdir's SQLite file (e.g. postgresql://...)."
+    ),
+]
+FilterOpt = Annotated[str | None, typer.Option("--filter", help="Glob on file or kernel.")]
+RedoOpt = Annotated[bool, typer.Option(help="Redo finished work.")]
+LlmOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm", help="none | openai (default: openai when OPENAI_BASE_URL is set, else none)."
+    ),
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="LLM model name.")]
+BaseUrlOpt = Annotated[str | None, typer.Option("--llm-base-url", help="OpenAI-compatible URL.")]
+AttemptsOpt = Annotated[int, typer.Option("--max-attempts", help="LLM attempts per kernel.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Labels per build unit.")]
+BuildJobsOpt = Annotated[
+    int, typer.Option("--build-jobs", help="Build units at once (~3 GB each).")
+]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """One red line on stderr; raise what this returns."""
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def say(text: str) -> None:
+    """One line of plain text: paths and ids stay whole (no wrapping, no markup)."""
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def setup_logging(workdir: Path) -> None:
+    """One log file per workdir; the console only gets the final table or one error line."""
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "kminer", False)]:
+        root.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(workdir / "logs" / "kminer.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.kminer = True  # type: ignore[attr-defined]
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+
+
+def open_store(workdir: Path | None, db: str | None) -> Store:
+    """The store of a workdir `kminer mine` made (or the one at `--db`)."""
+    if db:
+        return Store(db)
+    workdir = workdir or Path(".")
+    if not (workdir / DB_NAME).exists():
+        raise fail(f"no kminer store in {workdir} (run `kminer mine` first)")
+    return Store.open(workdir)
+
+
+NO_ENDPOINT = "--llm openai needs an endpoint: set OPENAI_BASE_URL or --llm-base-url"
+
+
+def llm_mode(llm: str | None, base_url: str | None = None) -> str:
+    """none | openai; a broken LLM setup stops before any work starts."""
+    has_endpoint = bool(
+        base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")
+    )
+    mode = llm or ("openai" if os.environ.get("OPENAI_BASE_URL") else "none")
+    if mode not in ("none", "openai"):
+        raise fail(f"unknown --llm {mode!r}; choose none or openai", 2)
+    if mode == "openai" and not has_endpoint:
+        raise fail(NO_ENDPOINT, 2)
+    return mode
+
+
+def llm_factory(mode: str, base_url: str | None, model: str | None) -> Callable | None:
+    """What makes the LLM client over a store, for the stages that can use one; None: no LLM."""
+    if mode == "none":
+        return None
+    from wrappers.llm.client import client_from_env
+
+    def make(store: Store):
+        client = client_from_env(store, base_url=base_url, model=model)
+        if client is None:
+            raise SetupError(NO_ENDPOINT)
+        return client
+
+    return make
+
+
+class RichProgress:
+    """Live bars, one per stage, driven by the runner's Progress protocol."""
+
+    def __init__(self, console: Console) -> None:
+        self.bar = Bars(
+            "[bold]{task.description:<9}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def start(self, stage: str, total: int) -> None:
+        self.tasks[stage] = self.bar.add_task(stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        self.bar.advance(self.tasks[stage], n)
+
+    def end(self, stage: str) -> None:
+        task = self.tasks.get(stage)
+        if task is not None:
+            self.bar.update(task, completed=self.bar.tasks[task].total)
+
+
+INTERRUPTED = "interrupted; finished work is saved, rerun the same command to resume"
+
+
+def run_guarded(workdir: Path, call: Callable, interrupted: str = INTERRUPTED) -> RunContext:
+    """Run a pipeline call under progress bars, turning failures into one red line."""
+    try:
+        with RichProgress(err) as progress:
+            return call(progress)
+    except KminerError as exc:
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise fail(interrupted, 130) from None
+    except Exception as exc:  # a bug: one line here, the traceback in the log
+        log.exception("kminer failed")
+        raise fail(f"{type(exc).__name__}: {exc} (see {workdir}/logs/kminer.log)") from None
+
+
+def run_and_report(workdir: Path, call: Callable, as_json: bool) -> RunContext:
+    """`run_guarded`, then the funnel."""
+    ctx = run_guarded(workdir, call)
+    stats = funnel(ctx.store, ctx.repo_id)
+    if as_json:
+        out.print_json(json.dumps(stats))
+        return ctx
+    print_funnel(stats)
+    if stats["found"] == 0:
+        out.print("0 kernels: no CUDA __global__ definitions in this repository.")
+    waiting = ctx.counters.get("waiting_for_llm", 0)
+    if waiting:
+        out.print(
+            f"{waiting} kernels wait for an LLM wrapper (--llm openai with "
+            "OPENAI_BASE_URL or --llm-base-url)."
+        )
+    return ctx
+
+
+def print_funnel(stats: dict) -> None:
+    table = Table(
+        title=f"kminer: {stats['repo']['url']} @ {stats['repo']['commit'][:12]}"
+        if stats.get("repo")
+        else "kminer"
+    )
+    table.add_column("stage")
+    table.add_column("count", justify="right")
+    table.add_column("notes")
+    skipped = sum(stats.get("files_skipped", {}).values())
+    table.add_row(
+        "files scanned",
+        str(stats.get("files_scanned", 0)),
+        f"{skipped} skipped: "
+        + ", ".join(f"{k} {v}" for k, v in stats.get("files_skipped", {}).items()),
+    )
+    table.add_row(
+        "kernels found",
+        str(stats["found"]),
+        f"{stats.get('templated', 0)} templated, {stats.get('not_launched', 0)} never "
+        f"launched, {stats.get('from_macro', 0)} from macros",
+    )
+    for stage in ("closure", "compile", "wrap", "build"):
+        if stage in stats:
+            st = stats[stage]
+            notes = ", ".join(f"{k} {v}" for k, v in st["reasons"].items())
+            table.add_row(
+                stage,
+                str(st["status"].get("ok", 0)),
+                " ".join(f"{k}={v}" for k, v in st["status"].items() if k != "ok")
+                + (f" ({notes})" if notes else ""),
+            )
+    if "compile" in stats:
+        table.add_row(
+            "unit compiles",
+            f"{stats['unit_compiles']}/{stats['found']}",
+            f"{stats['compile_rate']:.1%}, {stats['needs_torch']} need torch headers",
+        )
+    if "build" in stats:
+        strategies = ", ".join(f"{k} {v}" for k, v in stats.get("strategies", {}).items())
+        table.add_row(
+            "labels build", f"{stats['label_builds']}/{stats['found']}", f"wrappers: {strategies}"
+        )
+    if "testgen" in stats or "verify" in stats:
+        _verification_rows(table, stats)
+    timings = (stats.get("last_run") or {}).get("timings_s", {})
+    if timings:
+        table.add_row("time (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    out.print(table)
+
+
+def _verification_rows(table: Table, stats: dict) -> None:
+    """reference → tests → pass, each out of the kernels found."""
+
+    def counts(d: dict) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items())
+
+    found = stats["found"]
+    kill = stats.get("mean_kill_rate")
+    table.add_row(
+        "reference", f"{stats['references']}/{found}", counts(stats.get("reference_kinds", {}))
+    )
+    table.add_row("tests", f"{stats['tests']}/{found}", counts(stats.get("testgen_reasons", {})))
+    table.add_row(
+        "pass",
+        f"{stats['passes']}/{found}",
+        counts(stats.get("verify_outcomes", {}))
+        + ("" if kill is None else f"; mean kill rate {kill:.2f}"),
+    )

@@ -1,0 +1,227 @@
+"""The one place that knows how kminer compiles CUDA: nvcc, the torch headers, flags and arches.
+
+A unit check here, a label build here and the bundle's batched builds on a GPU box must judge
+the same code the same way, and a dataset row is built by its test with
+`torch.utils.cpp_extension.load`. So extension builds take cpp_extension's own flags (its
+defines, its C++ standard for the installed torch, its arch flags for `TORCH_CUDA_ARCH_LIST`),
+and the arch list is decided once: `TORCH_CUDA_ARCH_LIST` when set, else the GPUs this machine
+sees (nvidia-smi), else DEFAULT_ARCH_LIST, the H100 the rows are verified on.
+
+This file travels in verification bundles beside run.py: the standard library only at import,
+torch imported lazily where cpp_extension has to be asked.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+DEFAULT_ARCH_LIST = "9.0"  # sm_90 (H100) on a machine without a GPU and without the variable
+HERE = Path(__file__).resolve().parent
+# what cpp_extension passes nvcc for every CUDA source (COMMON_NVCC_FLAGS, stable since 1.x)
+NVCC_DEFINES = (
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+    "--expt-relaxed-constexpr",
+)
+
+
+@functools.cache
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidate = Path(home or "/usr/local/cuda") / "bin" / "nvcc"
+    return str(candidate) if candidate.is_file() else None
+
+
+@functools.cache
+def nvcc_version() -> str:
+    """The release of nvcc (`13.0.88`), part of every build key and a row's toolchain; '' when
+    there is none."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return ""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r"release [\d.]+, V([\d.]+)", out.stdout)
+    return found.group(1) if found else "unknown"
+
+
+@functools.cache
+def torch_version() -> str:
+    """From the package metadata: importing torch costs seconds and is not needed for this."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+@functools.cache
+def libclang_available() -> bool:
+    """Whether libclang loads: the closure prunes same-named helpers only when it does."""
+    try:
+        import clang.cindex as ci
+
+        ci.Index.create()
+    except Exception:
+        return False
+    return True
+
+
+def tool_version(tool: str) -> str:
+    """What a stage's results depend on outside kminer's code (see versions.code_version)."""
+    versions = {
+        "nvcc": nvcc_version,
+        "torch": torch_version,
+        "libclang": lambda: str(libclang_available()),
+        "arch": arch_list,
+    }
+    return versions[tool]()
+
+
+@functools.cache
+def cxx_standard() -> str:
+    """cpp_extension's standard for the installed torch: C++20 from torch 2.13, C++17 before."""
+    numbers = re.findall(r"\d+", torch_version())[:2]
+    major, minor = (int(n) for n in numbers) if len(numbers) == 2 else (0, 0)
+    return "c++20" if (major, minor) >= (2, 13) else "c++17"
+
+
+@functools.cache
+def arch_list() -> str:
+    """`TORCH_CUDA_ARCH_LIST`, else the compute capabilities of the visible GPUs, else the
+    default (a build here has no GPU to ask)."""
+    chosen = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if chosen:
+        return chosen
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        caps = sorted({c.strip() for c in out.splitlines() if re.fullmatch(r"\d+\.\d+", c.strip())})
+        if caps:
+            return ";".join(caps)
+    return DEFAULT_ARCH_LIST
+
+
+@functools.cache
+def arch_flags() -> tuple[str, ...]:
+    """`-gencode` flags for `arch_list()`, as cpp_extension writes them (`8.6+PTX` also embeds
+    PTX; names such as `Hopper` are cpp_extension's to expand)."""
+    try:
+        import torch.utils.cpp_extension as ce
+
+        saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+        try:
+            return tuple(ce._get_cuda_arch_flags())
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+    except Exception:  # no torch, or a torch without this helper: the same rule, by hand
+        flags = []
+        for arch in re.split(r"[;\s]+", arch_list()):
+            num = arch.removesuffix("+PTX").replace(".", "")
+            if not num.isdigit():
+                continue
+            flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+            if arch.endswith("+PTX"):
+                flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+        return tuple(flags)
+
+
+@functools.cache
+def torch_include_dirs() -> tuple[str, ...]:
+    """The installed torch's header dirs (the CPU wheel's are enough to compile), then kminer's
+    shims for what that wheel lacks (THC, the CUDA build's cmake macros), then CUDA 13's CCCL."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    base = Path(next(iter(spec.submodule_search_locations))) / "include"
+    dirs = [base, base / "torch/csrc/api/include", HERE / "stubs/torch_shim"]
+    cccl = Path(nvcc_path() or "/usr/local/cuda/bin/nvcc").resolve().parent.parent / "include/cccl"
+    if cccl.is_dir():
+        dirs.append(cccl)
+    return tuple(str(d) for d in dirs if d.is_dir())
+
+
+def _has_cuda_math_headers() -> bool:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return False
+    include = Path(nvcc).resolve().parent.parent / "include"
+    return (include / "cublas_v2.h").is_file()
+
+
+def unit_flags(needs_torch: bool) -> list[str]:
+    """nvcc flags of a unit's compile check (`-c`): bare and fast, or with the torch headers
+    and the defines cpp_extension sets for them."""
+    flags = [f"-std={cxx_standard()}", *arch_flags(), "-w"]
+    if needs_torch:
+        flags += [f"-I{d}" for d in torch_include_dirs()] + list(NVCC_DEFINES)
+    return flags
+
+
+@functools.cache
+def extension_flags() -> tuple[str, ...]:
+    """What `cpp_extension.load` passes nvcc for an extension's .cu (include dirs, defines, ABI,
+    arch, C++ standard, -fPIC), quiet, plus the CUDA math library headers on a compile-only
+    machine that lacks them."""
+    incs = list(torch_include_dirs())
+    if not _has_cuda_math_headers():
+        incs.append(str(HERE / "stubs/cuda_libs_shim"))
+    incs.append(sysconfig.get_paths()["include"])
+    return (
+        *[f"-I{d}" for d in incs],
+        *NVCC_DEFINES,
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        *_abi_flags(),
+        f"-std={cxx_standard()}",
+        *arch_flags(),
+        "-Xcompiler",
+        "-fPIC",
+        "-w",
+    )
+
+
+@functools.cache
+def _abi_flags() -> tuple[str, ...]:
+    """The libstdc++ ABI torch was built with (cpp_extension's own helper where it has one)."""
+    try:
+        import torch
+        import torch.utils.cpp_extension as ce
+    except Exception:
+        return ()
+    if hasattr(ce, "_get_glibcxx_abi_build_flags"):
+        return tuple(ce._get_glibcxx_abi_build_flags())
+    return (f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",)
+
+
+def extension_env() -> dict[str, str]:
+    """Environment for a `cpp_extension.load` build: the same arch list as every other build."""
+    return {"TORCH_CUDA_ARCH_LIST": arch_list()}

@@ -1,0 +1,18 @@
+"""Scripts kminer runs as processes of their own, never inside its own process.
+
+The runner (a bundle's `run.py`) and its batched builds go to a GPU box that has python, torch
+and pytest and nothing of kminer; the recorder and the two checkers run repository or model code
+in the sandbox. So these files import only the standard library, torch and pytest, and each
+other as siblings (`from testgen.standalone import prebuild` here, `import prebuild` beside
+run.py in a bundle). Two kminer files travel with them and keep the same rule: wrappers/batching.py
+and miner/toolchain.py.
+"""
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNNER = HERE / "runner.py"  # a bundle's run.py
+PREBUILD = HERE / "prebuild.py"  # run.py's batched builds
+RECORDER = HERE / "record.py"  # a repository's test file, its extension calls recorded
+CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
+REFCHECK = HERE / "refcheck.py"  # a model's reference, checked

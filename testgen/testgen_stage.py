@@ -1,0 +1,49 @@
+"""The testgen stage: a test for every built label (testgen/generate.py does one candidate).
+
+Before the candidates, once per run: the repository parsed for its CPU references, and its own
+tests run by the recorder (in the sandbox) for the calls they make, limited to the test files that
+can reach the ops at hand. A candidate is redone when its label or kminer's code changed, or when
+a model is now set for one that waited for a model's reference or inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+from miner.candidate import Candidate, Reason, StageName, Status
+from miner.stage import Done, RunContext, Stage
+from testgen.generate import ModelHelp, generate_for
+from testgen.inputs import record_repo_calls
+from testgen.reference import RepoRefs
+
+
+class Testgen(Stage):
+    name = StageName.TESTGEN
+    needs = (StageName.BUILD,)
+    uses_llm = True
+    tools = ("torch",)  # the recorder runs the repository's tests with it
+
+    def key(self, cand: Candidate, ctx: RunContext) -> str | None:
+        if not (cand.wrapper.label_path and (ctx.workdir / cand.wrapper.label_path).is_file()):
+            return None
+        blob = f"{self.version()}|{cand.wrapper.label_hash}"
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def fresh(self, cand: Candidate, ctx: RunContext) -> bool:
+        done = cand.stage(self.name)
+        if ctx.llm is not None:  # a model may write what the repository lacks
+            if done.reason == Reason.NO_REFERENCE and not done.metrics.get("llm_tried"):
+                return False
+            if done.reason == Reason.NO_CASES and not done.metrics.get("llm_inputs_tried"):
+                return False
+        return done.status != Status.OK or (ctx.workdir / cand.tests.path).is_file()
+
+    def run(self, batch: list[Candidate], ctx: RunContext) -> Iterator[Done]:
+        refs = RepoRefs(ctx.ensure_discovery())
+        wanted = {c.wrapper.op_map.get("python_name") for c in batch}
+        wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
+        with ctx.timed("record"):
+            recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
+        llm = ctx.llm and ModelHelp(ctx.llm, ctx.store, ctx.cfg.max_attempts)
+        yield from self.each(batch, lambda c: generate_for(c, refs, recorded, ctx.workdir, llm))
