@@ -8,8 +8,10 @@ JOBS   ?=
 ARGS   ?=
 # the CPU build of torch (headers for compile checks); an unpinned torch would pull CUDA wheels
 TORCH_SPEC ?= torch==2.13.0
+# Debian packages the tests drive: chromium (the review UI in a browser), PostgreSQL (a store by URL)
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup mine test test-fast lint fmt clean
+.PHONY: setup system-deps mine test test-fast wheel-test lint fmt clean
 
 $(BIN)/kminer: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,16 +22,39 @@ $(BIN)/kminer: pyproject.toml
 
 setup: $(BIN)/kminer
 
+system-deps:
+	@missing=""; \
+	{ command -v chromium || test -x /usr/lib/chromium/chromium; } >/dev/null || missing="$$missing chromium"; \
+	{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (apt-get)"; \
+	  $(SUDO) apt-get install -y -q $$missing >/dev/null 2>&1 \
+	    || { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q $$missing >/dev/null; }; \
+	fi
+
 mine: setup
 	$(BIN)/kminer mine $(REPO) $(if $(WORKDIR),--workdir $(WORKDIR)) $(if $(JOBS),--jobs $(JOBS)) $(ARGS)
 
 # everything that runs without a GPU or an LLM endpoint (slow nvcc/torch-header tests included)
-test: setup
+test: setup system-deps
 	$(BIN)/python -m pytest -q -n 2 -m "not gpu and not llm" $(ARGS)
 
 # the quick loop: pytest's default markers skip slow, gpu and llm tests
 test-fast: setup
 	$(BIN)/python -m pytest -q -n 2 $(ARGS)
+
+# the wheel, installed in a fresh venv, mines the sample: packaging holds everything it needs
+wheel-test: setup
+	rm -rf build/wheel-test && mkdir -p build/wheel-test
+	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel-test .
+	$(PYTHON) -m venv build/wheel-test/venv
+	build/wheel-test/venv/bin/python -m pip install -q "$(TORCH_SPEC)"
+	build/wheel-test/venv/bin/python -m pip install -q build/wheel-test/kminer-*.whl
+	cd build/wheel-test && venv/bin/kminer mine $(CURDIR)/examples/sample-repo --workdir run --llm none
+	cd build/wheel-test && venv/bin/kminer stats --workdir run --json > stats.json
+	build/wheel-test/venv/bin/python -c "import json, sys; s = json.load(open('build/wheel-test/stats.json')); \
+	  ok = s['found'] == 6 and s['label_builds'] >= 5 and s['tests'] >= 1; \
+	  print('wheel-test:', s['found'], 'found,', s['label_builds'], 'labels build,', s['tests'], 'tests'); sys.exit(0 if ok else 1)"
 
 lint: setup
 	$(BIN)/ruff check .
@@ -39,4 +64,4 @@ fmt: setup
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf runs .pytest_cache .ruff_cache
+	rm -rf runs build .pytest_cache .ruff_cache

@@ -14,7 +14,13 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from curation.instructions import Description, function_of, read_label
+from curation.instructions import (
+    Description,
+    complete_text,
+    derive_instruction,
+    function_of,
+    read_label,
+)
 from miner.candidate import Candidate
 from wrappers.llm.turns import Answer, ask_checked
 
@@ -165,8 +171,6 @@ def repo_root(store, cand: Candidate) -> Path | None:
 def generated(store, cand: Candidate, workdir: Path | None) -> tuple[str, str]:
     """The rule-made (instruction_complete, instruction) of a candidate, as export writes them
     when no curator edited them: what the review page shows and edits start from."""
-    from curation.instructions import complete_text, derive_instruction
-
     label = read_label(Path(workdir), cand) if workdir else ""
     complete = complete_text(cand, label, description(stored(store, cand.id), cand,
                                                       repo_root(store, cand)))  # fmt: skip

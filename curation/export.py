@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from curation import describe, licenses
+from curation import card, describe, licenses
 from curation.decontam import DEFAULT_OVERLAP, Excluded
 from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplicates
 from curation.instructions import effective, read_label
 from curation.reviews import Decision, Reviews
 from curation.rows import FEATURES, build_row
 from miner.candidate import Candidate, StageName
+from miner.stats import funnel
 from miner.store import DB_NAME, Store
 
 MANAGED = ("data", "README.md", "train.jsonl", "export_report.json")
@@ -249,9 +250,6 @@ def _write_shards(rows, total: int, stage: Path, shard_rows: int) -> list[dict]:
 
 def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
     """Run the export; returns the report (also written to OUT/export_report.json)."""
-    from curation import card
-    from miner.stats import funnel
-
     started = time.perf_counter()
     if not opts.workdirs:
         raise ExportError("give at least one --workdir")

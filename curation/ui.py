@@ -24,9 +24,10 @@ from curation import api, auth, queue
 from curation.reviews import Decision
 from miner.candidate import StageName
 from miner.store import QueueRow, RepoRow
+from prompts import HERE as PROMPTS
 from testgen.testcode import TOLERANCES
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "prompts" / "ui"
+TEMPLATES = PROMPTS / "ui"
 COLUMNS = [("kernel", "kernel"), ("op", "op"), ("outcome", "outcome")]
 COLUMNS += [("kill_rate", "kill rate"), ("kernel_time_us", "time (µs)")]
 _CPP_WORDS = r"__global__|__device__|__shared__|template|typename|const|return|if|else|for|while"

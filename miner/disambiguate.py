@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from importlib import resources
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ _ANGLE_INCLUDE = re.compile(r"(?m)^[ \t]*#[ \t]*include[ \t]*<[^>\n]*>.*$")
 
 
 def _args() -> list[str]:
-    stub = Path(str(resources.files("miner") / "stubs" / "clang_cuda"))
+    stub = Path(__file__).resolve().parent / "stubs/clang_cuda"
     return [
         "-x",
         "cuda",

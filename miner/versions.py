@@ -17,6 +17,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from miner import toolchain
+
 PACKAGES = ("miner", "wrappers", "testgen", "curation", "prompts")
 _PATHLIKE = re.compile(r"^[\w.-]+(/[\w.-]+)*$")
 
@@ -107,8 +109,6 @@ def import_closure(module: str) -> tuple[Path, ...]:
 @functools.cache
 def code_version(module: str, tools: tuple[str, ...] = ()) -> str:
     """Hash of `module`'s import closure and of the versions of `tools` (see toolchain.py)."""
-    from miner import toolchain
-
     closure = import_closure(module)
     root = Path(__file__).resolve().parent.parent  # where kminer's packages sit side by side
     h = hashlib.sha256()

@@ -65,6 +65,14 @@ def kernel(disc, name: str, spec: str | None = None):
     return found[0]
 
 
+def _pg_tool(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, or where Debian's package puts it."""
+    found = shutil.which(name)
+    if found:
+        return found
+    return next((str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))), None)
+
+
 def _start_postgres(base: Path) -> tuple[str, callable]:
     """A throwaway PostgreSQL cluster on 127.0.0.1 (as `nobody` when we are root)."""
     import os
@@ -77,7 +85,17 @@ def _start_postgres(base: Path) -> tuple[str, callable]:
     if run_as:
         shutil.chown(base, "nobody")
     subprocess.run(
-        [*run_as, "initdb", "-D", str(data), "-U", "kminer", "--auth=trust", "-E", "UTF8"],
+        [
+            *run_as,
+            _pg_tool("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "kminer",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
         check=True,
         capture_output=True,
     )
@@ -86,14 +104,26 @@ def _start_postgres(base: Path) -> tuple[str, callable]:
         port = s.getsockname()[1]
     opts = f"-k {base} -p {port} -c listen_addresses=127.0.0.1"
     subprocess.run(
-        [*run_as, "pg_ctl", "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"],
+        [
+            *run_as,
+            _pg_tool("pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            opts,
+            "-l",
+            str(base / "log"),
+            "-w",
+            "start",
+        ],
         check=True,
         capture_output=True,
     )
 
     def stop() -> None:
         subprocess.run(
-            [*run_as, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+            [*run_as, _pg_tool("pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
         )
 
     return f"postgresql+psycopg://kminer@127.0.0.1:{port}/postgres", stop
@@ -103,8 +133,8 @@ def _start_postgres(base: Path) -> tuple[str, callable]:
 def postgres_url():
     import tempfile
 
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("PostgreSQL server binaries not installed")
+    if _pg_tool("initdb") is None or _pg_tool("pg_ctl") is None:
+        pytest.skip("PostgreSQL server binaries not installed (make test installs them)")
     pytest.importorskip("psycopg")
     # not under pytest's tmp dirs: those are private to root, and the server runs as nobody
     base = Path(tempfile.mkdtemp(prefix="kminer-pg-"))

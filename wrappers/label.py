@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jinja2
 
-PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+from miner.unit import drop_instantiations, instantiation_lines
+from prompts import HERE as PROMPTS
+
 # What a written (rule or LLM) host wrapper uses beyond torch/extension.h: the CUDA guard, the
 # current stream and C10_CUDA_CHECK. Mined wrappers bring the repository's own includes instead.
 WRAPPER_INCLUDES = ("#include <ATen/cuda/CUDAContext.h>", "#include <c10/cuda/CUDAGuard.h>")
@@ -102,8 +103,6 @@ def with_wrapper_includes(includes: list[str], extra: list[str] = ()) -> list[st
 def unit_parts(unit_text: str) -> tuple[list[str], str]:
     """(include lines, device code) of a kernel unit, without its instantiation stubs: the
     device half of a rule or LLM label."""
-    from miner.unit import drop_instantiations, instantiation_lines
-
     text = drop_instantiations(unit_text, set(instantiation_lines(unit_text)))
     text = text.replace("// kminer: launch", "// kminer: (launch stubs removed)")
     lines = text.splitlines()

@@ -70,9 +70,7 @@ def _run_stages(cfg: RunConfig, command: str, as_json: bool, clone: bool = False
     stages = pipeline(cfg.stages)
 
     def call(progress):
-        return run(
-            cfg, stages, command=command, progress=progress, clone=clone, make_llm=make_llm
-        )
+        return run(cfg, stages, command=command, progress=progress, clone=clone, make_llm=make_llm)
 
     run_and_report(cfg.workdir, call, as_json)
 
