@@ -49,10 +49,6 @@ def tokens(source: str, strings: bool = True) -> list[str]:
     return (_TOKEN if strings else _CODE_TOKEN).findall(_COMMENTS.sub(" ", source))
 
 
-def exact_key(source: str) -> str:
-    return hashlib.sha256(" ".join(tokens(source)).encode()).hexdigest()
-
-
 _TOKEN_HASH: dict[str, int] = {}
 
 

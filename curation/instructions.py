@@ -19,7 +19,6 @@ from miner.candidate import Candidate, StageName
 from testgen.made_inputs import label_signature
 from testgen.testcode import TOLERANCES
 
-SECTIONS = ("What it computes", "Kernel", "Binding", "Constraints")
 _POINTER = re.compile(r"\*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ARITHMETIC = re.compile(

@@ -18,53 +18,55 @@ log = logging.getLogger(__name__)
 UNKNOWN = "unknown"
 _READ_LIMIT = 256 * 1024
 
-# Canonical spelling of the ids we accept when a project states one (case-insensitive lookup).
-_KNOWN_IDS = {
-    i.lower(): i
-    for i in (
-        "Apache-2.0",
-        "Apache-1.1",
-        "MIT",
-        "MIT-0",
-        "BSD-2-Clause",
-        "BSD-3-Clause",
-        "BSD-3-Clause-Clear",
-        "BSD-4-Clause",
-        "0BSD",
-        "ISC",
-        "Zlib",
-        "BSL-1.0",
-        "CC0-1.0",
-        "CC-BY-4.0",
-        "CC-BY-SA-4.0",
-        "Unlicense",
-        "MPL-2.0",
-        "MPL-1.1",
-        "EPL-1.0",
-        "EPL-2.0",
-        "GPL-2.0",
-        "GPL-2.0-only",
-        "GPL-2.0-or-later",
-        "GPL-3.0",
-        "GPL-3.0-only",
-        "GPL-3.0-or-later",
-        "LGPL-2.0",
-        "LGPL-2.1",
-        "LGPL-2.1-only",
-        "LGPL-2.1-or-later",
-        "LGPL-3.0",
-        "LGPL-3.0-only",
-        "LGPL-3.0-or-later",
-        "AGPL-3.0",
-        "AGPL-3.0-only",
-        "AGPL-3.0-or-later",
-        "Python-2.0",
-        "PSF-2.0",
-        "NCSA",
-        "Artistic-2.0",
-        "WTFPL",
-    )
+# Every SPDX id kminer knows: (permissive, the Hub's lowercase id or "" when it has none). The
+# canonical spelling here is what a stated id is normalized to (case-insensitive lookup); the
+# export passes only the permissive ones by default (curation/licenses.py).
+SPDX = {
+    "Apache-2.0": (True, "apache-2.0"),
+    "Apache-1.1": (True, ""),
+    "MIT": (True, "mit"),
+    "MIT-0": (True, ""),
+    "BSD-2-Clause": (True, "bsd-2-clause"),
+    "BSD-3-Clause": (True, "bsd-3-clause"),
+    "BSD-3-Clause-Clear": (True, "bsd-3-clause-clear"),
+    "BSD-4-Clause": (False, ""),
+    "0BSD": (True, "0bsd"),
+    "ISC": (True, "isc"),
+    "Zlib": (True, "zlib"),
+    "BSL-1.0": (True, "bsl-1.0"),
+    "CC0-1.0": (True, "cc0-1.0"),
+    "CC-BY-4.0": (False, "cc-by-4.0"),
+    "CC-BY-SA-4.0": (False, "cc-by-sa-4.0"),
+    "Unlicense": (True, "unlicense"),
+    "MPL-2.0": (False, "mpl-2.0"),
+    "MPL-1.1": (False, ""),
+    "EPL-1.0": (False, ""),
+    "EPL-2.0": (False, "epl-2.0"),
+    "GPL-2.0": (False, "gpl-2.0"),
+    "GPL-2.0-only": (False, ""),
+    "GPL-2.0-or-later": (False, ""),
+    "GPL-3.0": (False, "gpl-3.0"),
+    "GPL-3.0-only": (False, ""),
+    "GPL-3.0-or-later": (False, ""),
+    "LGPL-2.0": (False, ""),
+    "LGPL-2.1": (False, "lgpl-2.1"),
+    "LGPL-2.1-only": (False, ""),
+    "LGPL-2.1-or-later": (False, ""),
+    "LGPL-3.0": (False, "lgpl-3.0"),
+    "LGPL-3.0-only": (False, ""),
+    "LGPL-3.0-or-later": (False, ""),
+    "AGPL-3.0": (False, "agpl-3.0"),
+    "AGPL-3.0-only": (False, ""),
+    "AGPL-3.0-or-later": (False, ""),
+    "Python-2.0": (False, ""),
+    "PSF-2.0": (False, ""),
+    "NCSA": (False, ""),
+    "Artistic-2.0": (False, ""),
+    "WTFPL": (False, ""),
 }
+PERMISSIVE = frozenset(spdx for spdx, (permissive, _) in SPDX.items() if permissive)
+HUB_IDS = {spdx: hub for spdx, (_, hub) in SPDX.items() if hub}
+_KNOWN_IDS = {spdx.lower(): spdx for spdx in SPDX}
 
 # (id, pattern) over normalized text (lowercase, punctuation turned into spaces). The earliest
 # match in a file wins, so a project license followed by third-party notices reads as the former.

@@ -153,7 +153,8 @@ def _drive(ctx: RunContext, stage: Stage, todo: list, per_candidate: bool) -> No
                 _internal_error(ctx, stage, cand, done.error)
             else:
                 result = cand.stage(stage.name)
-                if result is not None:  # a repository-wide stage may make new candidates
+                if result is not None and result.reason != Reason.INTERNAL_ERROR:
+                    # (a repository-wide stage may make new candidates: they have no key yet)
                     result.key = keys[cand.id] if cand.id in keys else stage.key(cand, ctx)
                 ctx.store.save(cand, ctx.repo_id)
             waiting.pop(cand.id, None)

@@ -4,8 +4,8 @@ The pieces and the contract between them (every module relies on it):
 
 - `llm_reference` (with an endpoint, where the repository has no CPU function): `references/
   <id>.py`, a PyTorch `reference` with the same parameters, checked in the sandbox on the
-  recorded calls (`refcheck`); the test loads it instead of building C++ (kind llm, or python
-  when it adapts one of the repository's own PyTorch functions).
+  recorded calls (`standalone/refcheck.py`); the test loads it instead of building C++ (kind
+  llm, or python when it adapts one of the repository's own PyTorch functions).
 - `reference`: the repository's CPU implementation of the same op, extracted into a standalone
   C++ source (`references/<id>.cpp` in the workdir) that builds with `cpp_extension` next to the
   label and exposes `reference` with the *same Python signature as the label's first exposed
@@ -15,10 +15,11 @@ The pieces and the contract between them (every module relies on it):
   and carried down the op chain; else, for an element-wise rule wrapper, calls by rule; else (with
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
   shapes, values of each parameter's kind, seeded). Stage metric `cases_source`: mined|rule|llm.
+  The repository's tests run under `standalone/recorder.py`, in the sandbox.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, edge values, wider
   channels, every dtype), embedded in the test with `torch.save`.
-- `llm_turns`: the ask, check, feed-back loop both model steps share; every answer an attempt row
-  (step `reference` or `inputs`).
+- `wrappers/llm/turns.py`: the ask, check, feed-back loop both model steps share; every answer an
+  attempt row (step `reference` or `inputs`).
 - `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from
   `prompts/test_code.py.j2`. Only python + torch + pytest are needed to run it. Environment:
     KMINER_IMPL       the .cu under test (default: `label.cu` beside the test file)
@@ -26,8 +27,8 @@ The pieces and the contract between them (every module relies on it):
     KMINER_BUILD_DIR  where torch extensions are built and cached (default: a temp dir)
     KMINER_REPORT     a JSON file the test writes its report to (optional)
     KMINER_PHASE      `build` (only build + import both modules) or `run` (default: both)
-    KMINER_PREBUILT   a folder of `<sha256(source)[:16]>.json` records of modules the runner
-                      built many to one extension (testgen/prebuild.py); a test imports the
+    KMINER_PREBUILT   a folder of `<sha256(source)[:16]>.json` files, one per module the runner
+                      built many to one extension (standalone/prebuild.py); a test imports the
                       module of exactly the bytes it would build, else builds it itself
     KMINER_GPU_LOCK   a lock file when the runner shares a GPU between tests: cases hold it
                       shared, the kernel timing alone
@@ -40,6 +41,9 @@ The pieces and the contract between them (every module relies on it):
   best first within each kind; the test must fail one of each kind it can build. A variant it
   passes may be equivalent to the label, so the next of its kind stands in; a kind it never
   fails makes the outcome `weak_test`, as do fewer valid cases or shapes than the manifest asks.
-- `runner` / `bundle`: one subprocess per candidate and per variant, build and run timed out
-  separately, outcomes collected into results.json; a bundle carries it all to a GPU box.
+- `generate`: one candidate's reference, cases, variants and test; `testgen_stage`: the stage
+  over a run's candidates (the recorder runs once per run).
+- `standalone/runner.py` / `bundle`: one subprocess per candidate and per variant, build and run
+  timed out separately, outcomes collected into results.json; a bundle carries it all to a GPU
+  box; `verify_stage` runs the same bundle in place on a machine with a GPU.
 """

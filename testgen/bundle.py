@@ -22,6 +22,7 @@ from pathlib import Path
 
 from miner import toolchain
 from miner.candidate import Candidate, Reason, StageName, StageResult, Status
+from miner.versions import code_version
 from testgen.cases import MIN_CASES, MIN_SHAPES
 from testgen.standalone import PREBUILD, RUNNER
 from wrappers import batching
@@ -36,6 +37,7 @@ REASONS = {
     "timeout": Reason.TIMEOUT,
     "no_reference": Reason.NO_REFERENCE,
     "weak_test": Reason.WEAK_TEST,
+    "internal_error": Reason.INTERNAL_ERROR,
 }
 README = """kminer verification bundle: {count} candidates.
 
@@ -147,6 +149,12 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
     return info
 
 
+def verify_key(cand: Candidate) -> str:
+    """What a verdict depends on: the label, the test, the reference and the runner's code."""
+    parts = [code_version(__name__), cand.wrapper.label_hash, cand.tests.hash, cand.reference.hash]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 def _bad(path: Path, why: str) -> ValueError:
     return ValueError(f"{path}: not a kminer results file ({why})")
 
@@ -202,13 +210,12 @@ def ingest(results_path: Path | str, cands: list[Candidate]) -> list[Candidate]:
         valid = [c for c in metrics["cases"] if isinstance(c, dict) and c.get("ok") is not None]
         metrics["valid_cases"] = len(valid)  # cases the reference accepted as input
         metrics["valid_shapes"] = len({json.dumps(c.get("shape")) for c in valid})
-        key = "|".join([cand.wrapper.label_hash, cand.tests.hash, cand.reference.hash])
         seconds = sum(float(e.get(k) or 0.0) for k in ("build_s", "run_s"))
         result = StageResult(
             status=Status.OK if outcome == "pass" else Status.ERROR,
             reason=REASONS.get(outcome),
             detail=str(e.get("detail") or "")[:300],
-            key=hashlib.sha256(key.encode()).hexdigest()[:16],
+            key="" if outcome == "internal_error" else verify_key(cand),
             seconds=round(seconds, 3),
             metrics=metrics,
         )

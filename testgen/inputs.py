@@ -1,6 +1,6 @@
 """Inputs mined from the repository's own tests: the calls they make into its extension.
 
-`record.py` runs one test file at a time in the sandbox (a crash or hang costs that file only);
+`recorder.py` runs one test file at a time in the sandbox (a crash or hang costs that file only);
 the calls come back as a `torch.save` file and are cached under the workdir by the hash of the
 test file and of the recorder, so a rerun records nothing again. A file whose recording failed
 (a crash, a timeout) is not cached: the next run tries it again. Each call is bound to the

@@ -116,7 +116,3 @@ def _dead_in(body: ts.Node, code: str, known: dict) -> list[tuple[int, int]]:
                 out.append((other.start_byte, other.end_byte))
         stack.extend(node.children)
     return out
-
-
-def in_spans(offset: int, spans: list[tuple[int, int]]) -> bool:
-    return any(s <= offset < e for s, e in spans)

@@ -19,7 +19,7 @@ from pprint import pformat
 from miner.candidate import Candidate
 from testgen.cases import CasePlan
 from testgen.llm_reference import origin
-from wrappers.label import environment, template_hash
+from wrappers.label import environment
 
 TEMPLATE = "test_code.py.j2"
 TOLERANCES = {  # rtol, atol by the label's output dtype
@@ -43,10 +43,6 @@ def order_free_reason(label_text: str) -> str:
         return ""
     line = label_text[: m.start()].rsplit("\n", 1)[-1] + label_text[m.start() :].split("\n", 1)[0]
     return f"slots taken from an atomic counter (`{' '.join(line.split())[:80]}`)"
-
-
-def template_version() -> str:
-    return template_hash(TEMPLATE)
 
 
 def _chunks(data: bytes) -> list[str]:

@@ -8,7 +8,6 @@ A candidate is verified again when its label, test or reference changed, or with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 from miner.candidate import Candidate, StageName
 from miner.errors import KminerError
 from miner.stage import RunContext, Stage
-from testgen.bundle import BundleInfo, ingest, write_bundle
+from testgen.bundle import BundleInfo, ingest, verify_key, write_bundle
 
 log = logging.getLogger(__name__)
 VERIFY_DIR = "verify"  # under the workdir: bundle.tar.gz, bundle/ (with its .build cache), results
@@ -45,14 +44,11 @@ class Verify(Stage):
 
     name = StageName.VERIFY
     needs = (StageName.TESTGEN,)
-    tools = ("nvcc", "torch")
 
     def key(self, cand: Candidate, ctx: RunContext) -> str | None:
         if not cand.tests.path or (self.only and cand.id not in self.only):
             return None
-        blob = "|".join([self.version(), cand.wrapper.label_hash, cand.tests.hash,
-                         cand.reference.hash])  # fmt: skip
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return verify_key(cand)  # the same key as a bundle's results read by `kminer ingest`
 
     def run(self, batch: list[Candidate], ctx: RunContext) -> Iterator[Candidate]:
         base = ctx.workdir / VERIFY_DIR

@@ -19,7 +19,7 @@ TRAVELLERS = [
     ROOT / "wrappers" / "batching.py",
     ROOT / "miner" / "toolchain.py",
 ]
-SIBLINGS = {"prebuild", "batching", "toolchain", "runner", "record", "callcheck", "refcheck"}
+SIBLINGS = {"prebuild", "batching", "toolchain", "runner", "recorder", "callcheck", "refcheck"}
 TRAVEL_OK = {"torch", "pytest", "numpy", "clang", "miner", "wrappers", "testgen"} | SIBLINGS
 
 

@@ -69,7 +69,7 @@ def test_batches_write_a_record_per_source_and_reuse_them(tmp_path):
     assert set(state.values()) == {"built"} and len(state) == 6
     # .cu and .cpp never share a batch; 5 .cu over 2 jobs: batches of 3 and 2
     assert sorted(len(b) for b in fake.batches) == [1, 2, 3]
-    rec = prebuild.record(tmp_path / "store", files[0])
+    rec = prebuild.prebuilt_module(tmp_path / "store", files[0])
     assert rec["sub"] == f"c_d{prebuild.digest(files[0].read_bytes())}"
     assert (tmp_path / "store" / rec["so"]).is_file() and not Path(rec["so"]).is_absolute()
     assert rec["seconds"] == 2.0
@@ -90,7 +90,7 @@ def test_blamed_member_leaves_the_batch_and_the_rest_is_rebuilt(tmp_path):
     keys = [prebuild.digest(f.read_bytes()) for f in files]
     assert [state[k] for k in keys] == ["built", "alone", "built"]
     assert len(fake.batches) == 2 and len(fake.batches[1]) == 2
-    assert prebuild.record(tmp_path / "store", files[1]) is None
+    assert prebuild.prebuilt_module(tmp_path / "store", files[1]) is None
 
 
 def test_unblamed_failure_splits_the_batch(tmp_path):

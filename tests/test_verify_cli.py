@@ -220,6 +220,22 @@ def test_testgen_command(wd, monkeypatch):
     assert res.exit_code == 2 and "needs an endpoint" in one_error_line(res)
 
 
+def test_testgen_alone_gets_the_llm_client(wd, monkeypatch):
+    from testgen.testgen_stage import Testgen
+    from wrappers.llm.client import LLMClient
+
+    seen = []
+    monkeypatch.setattr(Testgen, "run", lambda self, batch, ctx: seen.append(ctx.llm) or [])
+    url = "http://127.0.0.1:9/v1"  # never called: the fake stage asks nothing
+    res = invoke("testgen", "--workdir", str(wd), "--llm", "openai", "--llm-base-url", url)
+    assert res.exit_code == 0, res.output
+    ((client,),) = [seen]
+    assert isinstance(client, LLMClient) and str(client.base_url).startswith(url)
+    seen.clear()
+    assert invoke("testgen", "--workdir", str(wd), "--llm", "none", "--redo").exit_code == 0
+    assert seen == [None]
+
+
 def test_mine_knows_the_testgen_stage(tmp_path):
     res = invoke("mine", "x", "--workdir", str(tmp_path / "r"), "--stages", "discover,bogus")
     assert res.exit_code == 2

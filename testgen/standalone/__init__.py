@@ -13,6 +13,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "runner.py"  # a bundle's run.py
 PREBUILD = HERE / "prebuild.py"  # run.py's batched builds
-RECORDER = HERE / "record.py"  # a repository's test file, its extension calls recorded
+RECORDER = HERE / "recorder.py"  # a repository's test file, its extension calls recorded
 CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
 REFCHECK = HERE / "refcheck.py"  # a model's reference, checked

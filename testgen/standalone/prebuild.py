@@ -5,11 +5,12 @@ build on an H100 box, nearly all of it parsing the torch headers. A bundle holds
 variants and a reference per candidate, so the runner builds them here first, several per
 translation unit (wrappers/batching.py: each body in its own namespace, the headers parsed once
 per batch), and the tests import the module of their source from the batch instead of building it
-(the test's `KMINER_PREBUILT`: a folder of `<sha256(source)[:16]>.json` records). The record is
-keyed by the exact bytes a test would build, so a prediction or an edited label never picks up
-another's module. Whatever does not batch (no kminer body markers, a member the compiler blames,
-a batch that will not import) gets no record and is built by its test alone, whose verdict is the
-one that counts. Travels in the bundle beside run.py with `batching.py`; standard library only.
+(the test's `KMINER_PREBUILT`: a folder of `<sha256(source)[:16]>.json` files, one per built
+module). The file is keyed by the exact bytes a test would build, so a prediction or an edited
+label never picks up another's module. Whatever does not batch (no kminer body markers, a member
+the compiler blames, a batch that will not import) gets no file and is built by its test alone,
+whose verdict is the one that counts. Travels in the bundle beside run.py with `batching.py` and
+`toolchain.py` (the arch list every build uses); standard library only.
 """
 
 from __future__ import annotations
@@ -114,37 +115,37 @@ def build_group(members, suffix, root: Path, timeout: float, compile_fn=compile_
     """id -> {"so" (relative to `root`), "module", "sub", "seconds"} for every member that ends
     up in a built batch. Members the compiler blames leave the batch and the rest is rebuilt;
     a failure nobody is blamed for splits the batch in two (a lone member that fails gets no
-    record)."""
-    records: dict[str, dict] = {}
+    entry)."""
+    modules: dict[str, dict] = {}
     pending = list(members)
     while pending:
         name = "kminer_pre_" + digest("|".join(c for c, _ in pending).encode() + suffix.encode())
         built, owners = compile_fn(pending, suffix, root / name, timeout)
         if built.ok:
             so = next((root / name).glob(f"{name}*.so"), root / name / f"{name}.so")
-            so = so.relative_to(root)  # the record is read from `root`, wherever it is
+            so = so.relative_to(root)  # the file is read from `root`, wherever it is
             share = round(built.seconds / len(pending), 4)  # a fast batch of many: not 0
             for cid, _ in pending:
-                records[cid] = {"so": str(so), "module": name, "sub": f"c_{cid}", "seconds": share}
-            return records
+                modules[cid] = {"so": str(so), "module": name, "sub": f"c_{cid}", "seconds": share}
+            return modules
         ids = {c for c, _ in pending}
         blamed = {c for c in blame(built.log, owners) if c in ids}
         if blamed:
             pending = [(c, t) for c, t in pending if c not in blamed]
             continue
         if len(pending) == 1 or "timed out" in built.log:
-            return records
+            return modules
         half = len(pending) // 2
         for part in (pending[:half], pending[half:]):
-            records.update(build_group(part, suffix, root, timeout, compile_fn))
-        return records
-    return records
+            modules.update(build_group(part, suffix, root, timeout, compile_fn))
+        return modules
+    return modules
 
 
 def prebuild(
     sources: list[Path], store: Path, jobs: int, timeout: float, compile_fn=compile_batch
 ) -> dict[str, str]:
-    """Batch-build the sources that have no record yet; write a record per built one into
+    """Batch-build the sources that have no module file yet; write one per built source into
     `store`. Returns {digest: "built" (now) | "cached" (by an earlier run) | "alone" (its test
     builds it)} for the sources asked."""
     store.mkdir(parents=True, exist_ok=True)
@@ -173,9 +174,9 @@ def prebuild(
             for batch, suffix in work
         ]  # fmt: skip
         for (batch, _), fut in zip(work, futures, strict=True):
-            records = fut.result()
+            modules = fut.result()
             for key, _ in batch:
-                rec = records.get(f"d{key}")
+                rec = modules.get(f"d{key}")
                 if rec is None:
                     state[key] = "alone"
                     continue
@@ -193,8 +194,8 @@ def _memory_slots(gb_per_batch: float = 5.0) -> int:
     return max(1, int(total // gb_per_batch))
 
 
-def record(store: Path, path: Path) -> dict | None:
-    """The prebuilt record of the source at `path`, if any."""
+def prebuilt_module(store: Path, path: Path) -> dict | None:
+    """Where the source at `path` was built many to one extension (so, module, sub), if it was."""
     try:
         return json.loads((store / f"{digest(path.read_bytes())}.json").read_text())
     except (OSError, ValueError):

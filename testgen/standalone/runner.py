@@ -70,7 +70,7 @@ except ImportError:  # in a bundle: beside run.py
     import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
-OUTCOMES += ("no_reference", "weak_test")
+OUTCOMES += ("no_reference", "weak_test", "internal_error")  # the last: a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
 CUDA_ERROR = re.compile(
@@ -217,7 +217,7 @@ class Runner:
             self.gpus.put(devices[i % len(devices)])
         self.devices = devices
         self.env_key = f"{sys.version}|{toolchain.torch_version()}"
-        self.prebuilt: Path | None = None  # where prebuild() left its records, when it ran
+        self.prebuilt: Path | None = None  # where prebuild() left its module files, when it ran
         self.prebuilt_state: dict[str, str] = {}  # source digest -> built | cached | alone
         self._dir_locks: dict[Path, threading.Lock] = {}
         self._locks_lock = threading.Lock()
@@ -230,7 +230,9 @@ class Runner:
         """The build phase: batched by prebuild, cached by an earlier run, or run now."""
         marker = build_dir / ".kminer-built" / f"{_digest(impl)}.json"
         cached = None if self.args.rebuild else _read_json(marker)
-        batched = [prebuild.record(self.prebuilt, p) for p in (impl, ref)] if self.prebuilt else []
+        batched = []
+        if self.prebuilt:
+            batched = [prebuild.prebuilt_module(self.prebuilt, p) for p in (impl, ref)]
         if batched and all(batched) and _takes_prebuilt(test):  # the run phase imports them
             was = self.prebuilt_state.get(prebuild.digest(impl.read_bytes()))
             return Check("pass", "build", batched[0].get("seconds", 0.0), cached=was == "cached")
@@ -276,7 +278,7 @@ class Runner:
         """Labels, variants and references of `entries` built in batches (testgen/prebuild.py);
         what does not batch is left to each test's own build."""
         store = self.bundle / ".build" / f"prebuilt-{_digest(extra=self.env_key)}"
-        if self.args.rebuild and store.is_dir():  # the records, not the other build folders
+        if self.args.rebuild and store.is_dir():  # the module files, not the other build folders
             shutil.rmtree(store)
         paths = []
         for e in entries:  # alternates (a kind's later variants) build alone when needed
@@ -544,7 +546,7 @@ def _guarded(runner: Runner, entry: dict) -> dict:
     except Interrupted:
         raise
     except Exception as e:
-        res = _entry("crash", detail=f"runner error: {e!r}"[:300])
+        res = _entry("internal_error", detail=f"runner error: {e!r}"[:300])
         res["log_tail"] = traceback.format_exc()[-LOG_TAIL:]
         return res
 

@@ -90,7 +90,7 @@ def render_messages(name: str, *blocks: str, **context) -> list[dict]:
     return messages
 
 
-def record_attempt(
+def log_attempt(
     store: Store,
     cand_id: str,
     logged: set,
@@ -328,7 +328,7 @@ class _Flow:
         )
 
     def _log(self, step: str, attempt: int, template: str, messages, reply: Reply, **fields):
-        record_attempt(
+        log_attempt(
             self.store,
             self.cand.id,
             self.logged,

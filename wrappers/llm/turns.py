@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from wrappers.label import template_hash
 from wrappers.llm.client import LLMClient, LLMUnavailable
-from wrappers.llm.flow import record_attempt, render_messages
+from wrappers.llm.flow import log_attempt, render_messages
 from wrappers.llm.parse import AnswerError, parse_object
 
 PARAMS = {"temperature": 0.0, "max_tokens": 4096}
@@ -83,7 +83,7 @@ def ask_checked(
         except LLMUnavailable as exc:
             return f"llm: {exc}"
         code, strategy, problem = _judge(reply.text, check, field)
-        record_attempt(
+        log_attempt(
             store,
             cand.id,
             logged,

@@ -24,7 +24,7 @@ recorder that snapshots each call's arguments. What the tests need and this mach
 - exact repeats of a call (a test's CPU and CUDA cases) are kept once.
 
 The calls are written with `torch.save`.
-Usage (what `inputs.record_repo_calls` runs): python record.py REPO TEST_FILE OUT.pt
+Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt
 This file imports only the standard library, torch and pytest: it also runs on the GPU box.
 """
 
