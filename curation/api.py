@@ -3,7 +3,8 @@
 Every error is JSON with a `message` (401 no valid token, 403 revoked or bad CSRF, 404 unknown
 candidate, 409 a write based on an old version, 422 a bad body). A write is a function of
 (request, candidate, body, curator) that returns the review after it, so the browser's forms
-(ui.py) go through exactly the checks the API makes.
+(ui.py) go through exactly the checks the API makes. Text a curator sends is bounded and must
+be storable: a NUL byte (PostgreSQL refuses it) is a 422, not a failed write.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -43,17 +44,26 @@ DECISIONS = {
 }
 
 
+def _storable(text: str) -> str:
+    if "\x00" in text:  # (a lone surrogate pydantic refuses already)
+        raise ValueError("text must not hold a NUL byte")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+
+
 class ReviewBody(BaseModel):
     decision: Literal["accept", "reject", "needs_edit"]
-    reason: str = ""
-    note: str = Field(default="", max_length=4000)
+    reason: str = Field(default="", max_length=64)
+    note: Text = Field(default="", max_length=4000)
     version: int = Field(ge=0)
     override: bool = False  # accept what the checks do not allow; flagged on the row, audited
 
 
 class InstructionBody(BaseModel):
-    instruction: str = Field(min_length=1, max_length=20000)
-    instruction_complete: str | None = Field(default=None, max_length=100000)
+    instruction: Text = Field(min_length=1, max_length=20000)
+    instruction_complete: Text | None = Field(default=None, max_length=100000)
     version: int = Field(ge=0)
 
 
@@ -187,7 +197,7 @@ def apply_instruction(request: Request, cand, body: InstructionBody, curator: st
 
 
 class LabelBody(BaseModel):
-    label: str = Field(min_length=1, max_length=2_000_000)
+    label: Text = Field(min_length=1, max_length=2_000_000)
     version: int = Field(ge=0)
 
 

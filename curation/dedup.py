@@ -38,7 +38,7 @@ _MASKS = (
     np.random.RandomState(20261124).randint(0, 1 << 62, NUM_PERM, dtype=np.int64).astype(np.uint64)
 )  # one per permutation: h_i(x) = mix(x ^ mask_i), a splitmix64 finaliser (wraps mod 2^64)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)", re.S)  # an unclosed /* ends it: linear
 _CODE_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\S")
 

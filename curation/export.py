@@ -3,21 +3,26 @@
 The folder holds Parquet shards under `data/` (the rows, typed by `rows.FEATURES`), the dataset
 card `README.md`, `train.jsonl` (the same rows, for grep) and `export_report.json` (the funnel
 and every row left out, with its reason). Filters run in a fixed order, each on what the one
-before kept: the license filter, decontamination against `--exclude`, then duplicates, so a
-copy dropped for its license never makes a permissive twin lose to it. Only then are the full
-rows (label, test and reference text) read, shard by shard, so memory stays bounded by a shard.
-Everything is written to a staging folder first and moved into place at the end: a failed export
-leaves the previous one untouched.
+before kept: curator overrides (kept only with `--include-overrides`), the license filter,
+decontamination against `--exclude`, then duplicates, so a copy dropped for its license never
+makes a permissive twin lose to it. Only then are the full rows (label, test and reference text)
+read, shard by shard, so memory stays bounded by a shard; a row whose text looks like it holds a
+credential is dropped there. Everything is written to a staging folder first and moved into
+place at the end: a failed export leaves the previous one untouched, and so does an empty one
+(its report goes beside OUT, to OUT.export_report.json). kminer never writes or deletes through
+a symbolic link, nor over a file it did not write.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -25,14 +30,29 @@ from pathlib import Path
 from curation import card, describe, licenses
 from curation.decontam import DEFAULT_OVERLAP, Excluded
 from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplicates
+from curation.export_out import (
+    ExportError,
+    check_out,
+    check_workdir,
+    replace_all,
+    report_beside,
+    write_shards,
+)
 from curation.instructions import effective, read_label
 from curation.reviews import Decision, Reviews
-from curation.rows import FEATURES, build_row
+from curation.rows import (
+    GPU_PASS,
+    build_row,
+    environment_secrets,
+    public_url,
+    redact,
+    secret_in,
+    verification,
+)
 from miner.candidate import Candidate, StageName
 from miner.stats import funnel
-from miner.store import DB_NAME, Store
+from miner.store import Store
 
-MANAGED = ("data", "README.md", "train.jsonl", "export_report.json")
 SHARD_ROWS = 1000
 
 
@@ -40,14 +60,20 @@ class Drop(StrEnum):
     """Why an accepted candidate is not a row (closed set: the report and card count them)."""
 
     MISSING_FILES = "missing_files"  # its label or test is no longer in the workdir
+    OVERRIDE = "override"  # accepted by a curator's override, not a GPU pass (--include-overrides)
     LICENSE = "license"
     CONTAMINATED = "contaminated"  # overlaps a source given with --exclude
     DUPLICATE = "duplicate"  # the same kernel, comments and whitespace aside
     NEAR_DUPLICATE = "near_duplicate"  # shingle similarity at or above the thresholds
+    SECRET = "secret"  # a text of the row looks like a credential
 
 
-class ExportError(Exception):
-    """Bad input to an export; one line."""
+class EmptyExport(ExportError):
+    """No row survived: OUT is left as it was; the report went to `report_path`."""
+
+    def __init__(self, message: str, report: dict, report_path: Path | None) -> None:
+        super().__init__(message)
+        self.report, self.report_path = report, report_path
 
 
 @dataclass
@@ -63,6 +89,7 @@ class Options:
     shard_rows: int = SHARD_ROWS
     describe_with: Callable[[Store], object] | None = None  # store → LLM client, or None
     max_attempts: int = 3
+    include_overrides: bool = False  # export rows a curator accepted without a GPU pass
 
 
 @dataclass
@@ -76,34 +103,23 @@ class _Pick:
     repo_url: str
     root: Path | None
     summary: dict  # id, kill_rate, num_cases, num_shapes: what dedup ranks by
+    verification: tuple[str, str]  # (gpu_pass | override, why an override)
 
 
-def public_url(url: str, sources: dict[str, str]) -> str:
-    """The URL a row names for its repository: a mapping given for a local path, else the
-    path's `origin` remote when it is a git checkout, else the path as mined."""
-    for local, public in sources.items():
-        same = url == local if _is_url(url) else Path(url).resolve() == Path(local).resolve()
-        if same:
-            return public
-    if _is_url(url):
-        return url
-    try:
-        from git import Repo
-
-        repo = Repo(url)
-        return repo.remotes.origin.url if "origin" in repo.remotes else url
-    except Exception:  # not a git folder, or gone: the path is all there is
-        return url
-
-
-def _is_url(text: str) -> bool:
-    return "://" in text or text.startswith("git@")
-
-
-def _open(workdir: Path) -> Store:
-    if not (workdir / DB_NAME).is_file():
-        raise ExportError(f"--workdir {workdir}: no kminer store there (run `kminer mine` first)")
-    return Store.open(workdir)
+def _check_options(opts: Options) -> None:
+    if not opts.workdirs:
+        raise ExportError("give at least one --workdir")
+    if not all(0.0 < v <= 1.0 for v in (opts.threshold, opts.cross_threshold, opts.overlap)):
+        raise ExportError(
+            "--near-dup-threshold, --cross-repo-threshold and --exclude-overlap must be in (0, 1]"
+        )
+    seen: dict[Path, Path] = {}
+    for workdir in opts.workdirs:
+        check_workdir(workdir)
+        first = seen.setdefault(workdir.resolve(), workdir)
+        if first is not workdir:
+            raise ExportError(f"--workdir {workdir} is given twice")
+    check_out(opts.out, opts.workdirs)
 
 
 def _picks(
@@ -117,6 +133,8 @@ def _picks(
         if cand.id not in accepted:
             continue
         prov, verify = cand.provenance, cand.stage(StageName.VERIFY)
+        verified = verification(cand, accepted[cand.id])
+        kills = verify.metrics.get("kill_rate") if verify else None
         pick = _Pick(
             cand,
             accepted[cand.id],
@@ -126,12 +144,14 @@ def _picks(
             roots.get((prov.repo_url, prov.commit)),
             {
                 "id": cand.id,
-                "kill_rate": verify.metrics.get("kill_rate") if verify else None,
+                # an included override never wins over a GPU-passed copy of the same kernel
+                "kill_rate": kills if verified[0] == GPU_PASS else -1.0,
                 "repo": prov.repo_url,
                 "name": cand.kernel.name,
                 "num_cases": cand.tests.num_cases,
                 "num_shapes": cand.tests.num_shapes,
             },
+            verified,
         )
         missing = [
             rel
@@ -139,7 +159,8 @@ def _picks(
             if not rel or not (workdir / rel).is_file()
         ]
         if missing:
-            drops.append(_drop(pick, Drop.MISSING_FILES, f"not in {workdir}: {', '.join(missing)}"))
+            where = f"not in workdir {workdir.name}"
+            drops.append(_drop(pick, Drop.MISSING_FILES, f"{where}: {', '.join(missing)}"))
         else:
             picks.append(pick)
     return picks
@@ -160,12 +181,14 @@ def _drop(p: _Pick, reason: Drop, detail: str, kept: str = "") -> dict:
 
 
 def _filter(picks: list[_Pick], opts: Options, drops: list[dict]) -> list[_Pick]:
-    allow = licenses.allowed(opts.allow_license)
-    kept = []
-    for p in picks:
-        why = licenses.drop_reason(p.cand.provenance.license, allow)
-        if why:
-            drops.append(_drop(p, Drop.LICENSE, why))
+    allow, kept = licenses.allowed(opts.allow_license), []
+    for p in picks:  # an override first: its license never matters when it is left out
+        kind, why = p.verification
+        license_why = licenses.drop_reason(p.cand.provenance.license, allow)
+        if kind != GPU_PASS and not opts.include_overrides:
+            drops.append(_drop(p, Drop.OVERRIDE, f"{why} (--include-overrides to export it)"))
+        elif license_why:
+            drops.append(_drop(p, Drop.LICENSE, license_why))
         else:
             kept.append(p)
     if opts.exclude:
@@ -198,66 +221,72 @@ def _filter(picks: list[_Pick], opts: Options, drops: list[dict]) -> list[_Pick]
     return [p for i, p in enumerate(kept) if i not in dupes]
 
 
-def _rows(picks: list[_Pick], model_text: dict[str, str]):
+def _rows(picks: list[_Pick], model_text: dict[str, str], drops: list[dict], secrets: dict):
     for p in picks:
         label = read_label(p.workdir, p.cand)
         desc = describe.description(model_text.get(p.cand.id, ""), p.cand, p.root)
         inst = effective(p.cand, p.review, label, desc)
-        yield build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst)
+        row = build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst)
+        why = secret_in(row, secrets)
+        if why:
+            drops.append(_drop(p, Drop.SECRET, f"{why}; fix it at the source, then export again"))
+        else:
+            yield row
 
 
-def _write_shards(rows, total: int, stage: Path, shard_rows: int) -> list[dict]:
-    """Parquet shards under stage/data and train.jsonl; the rows' light fields for the card."""
-    import datasets
-    from datasets import Dataset
+def _report(rows: list[dict], picks, drops, failures, opts: Options, funnels, secrets) -> dict:
+    report = {
+        "rows": len(rows),
+        "accepted": len(picks) + sum(d["reason"] == Drop.MISSING_FILES for d in drops),
+        "verification": dict(Counter(r["verification"] for r in rows)),
+        "dropped": dict(Counter(d["reason"] for d in drops)),
+        "drops": drops,
+        "describe_failures": failures,
+        "options": {
+            "allow_license": sorted(licenses.allowed(opts.allow_license)),
+            "exclude": [p.name for p in opts.exclude],
+            "exclude_overlap": opts.overlap,
+            "near_dup_threshold": opts.threshold,
+            "cross_repo_threshold": opts.cross_threshold,
+            "include_overrides": opts.include_overrides,
+        },
+        "workdirs": funnels,
+        "seconds": 0.0,
+    }
+    return redact(report, secrets)
 
-    datasets.disable_progress_bars()
-    (stage / "data").mkdir(parents=True)
-    shards = max(1, -(-total // shard_rows))
-    light, batch, index = [], [], 0
-    with (stage / "train.jsonl").open("w", encoding="utf-8") as jsonl:
 
-        def flush() -> None:
-            nonlocal index, batch
-            name = stage / "data" / f"train-{index:05d}-of-{shards:05d}.parquet"
-            columns = {key: [row[key] for row in batch] for key in FEATURES}  # [] when empty
-            Dataset.from_dict(columns, features=FEATURES).to_parquet(str(name))
-            index, batch = index + 1, []
-
-        for row in rows:
-            batch.append(row)
-            jsonl.write(json.dumps(row, ensure_ascii=False) + "\n")
-            light.append(
-                {
-                    k: row[k]
-                    for k in (
-                        "repo",
-                        "commit",
-                        "license",
-                        "strategy",
-                        "reference_kind",
-                        "kill_rate",
-                        "description_source",
-                    )
-                }
-            )
-            if len(batch) == shard_rows:
-                flush()
-        if batch or index == 0:
-            flush()
-    return light
+def _empty(report: dict, out: Path) -> EmptyExport:
+    """Write the report beside OUT (OUT itself untouched); the one-line error to raise."""
+    path, tmp = report_beside(out), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".kminer-report-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=1, default=str)
+        os.replace(tmp, path)  # replaces a link at `path` itself, never what it points to
+        where = f"report: {path}"
+    except OSError as exc:
+        if tmp:
+            with suppress(OSError):
+                os.unlink(tmp)
+        where, path = f"report not written ({exc.strerror or exc})", None
+    dropped = ", ".join(f"{k} {n}" for k, n in report["dropped"].items())
+    why = (
+        f"none of the {report['accepted']} accepted candidates survived (left out: {dropped})"
+        if report["accepted"]
+        else "no accepted candidates in the workdirs"
+    )
+    return EmptyExport(f"nothing exported: {why}; {out} left as it was; {where}", report, path)
 
 
 def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Run the export; returns the report (also written to OUT/export_report.json)."""
+    """Run the export; returns the report (also written to OUT/export_report.json).
+    EmptyExport when no row survives: OUT is left exactly as it was."""
     started = time.perf_counter()
-    if not opts.workdirs:
-        raise ExportError("give at least one --workdir")
-    if not all(0.0 < v <= 1.0 for v in (opts.threshold, opts.cross_threshold, opts.overlap)):
-        raise ExportError(
-            "--near-dup-threshold, --cross-repo-threshold and --exclude-overlap must be in (0, 1]"
-        )
-    stores = [(w, _open(w)) for w in opts.workdirs]
+    _check_options(opts)
+    secrets = environment_secrets()
+    stores = [(w, Store.open(w)) for w in opts.workdirs]
     drops: list[dict] = []
     try:
         picks, funnels = [], []
@@ -275,6 +304,8 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
             picks += mine
         progress(f"{len(picks)} accepted candidates with their files")
         kept = _filter(picks, opts, drops)
+        if not kept:
+            raise _empty(_report([], picks, drops, [], opts, funnels, secrets), opts.out)
         kept.sort(key=lambda p: (p.repo_url, p.cand.kernel.file, p.cand.kernel.line, p.cand.id))
         llm_failures = _describe(kept, opts) if opts.describe_with else []
         model_text = {}
@@ -282,35 +313,41 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
             model_text |= {
                 i: a.get("description", "") for i, a in store.passed_attempts(describe.STEP).items()
             }
-        opts.out.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".kminer-export-", dir=opts.out))
-        try:
-            light = _write_shards(_rows(kept, model_text), len(kept), stage, opts.shard_rows)
-            report = {
-                "rows": len(kept),
-                "accepted": len(picks) + sum(d["reason"] == Drop.MISSING_FILES for d in drops),
-                "dropped": dict(Counter(d["reason"] for d in drops)),
-                "drops": drops,
-                "describe_failures": llm_failures,
-                "options": {
-                    "allow_license": sorted(licenses.allowed(opts.allow_license)),
-                    "exclude": [p.name for p in opts.exclude],
-                    "exclude_overlap": opts.overlap,
-                    "near_dup_threshold": opts.threshold,
-                    "cross_repo_threshold": opts.cross_threshold,
-                },
-                "workdirs": funnels,
-                "seconds": 0.0,
-            }
-            (stage / "README.md").write_text(card.render(report, light), encoding="utf-8")
-            report["seconds"] = round(time.perf_counter() - started, 3)
-            (stage / "export_report.json").write_text(json.dumps(report, indent=1, default=str))
-            _replace(stage, opts.out)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+        rows = _rows(kept, model_text, drops, secrets)
+        report = _write(opts, rows, lambda light: _report(
+            light, picks, drops, llm_failures, opts, funnels, secrets))  # fmt: skip
     finally:
         for _, store in stores:
             store.close()
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _write(opts: Options, rows, make_report: Callable[[list[dict]], dict]) -> dict:
+    """Stage the shards, card and report inside OUT, then move them over the previous ones."""
+    out = opts.out
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".kminer-export-", dir=out))
+        try:
+            light = write_shards(rows, stage, opts.shard_rows)
+            report = make_report(light)
+            if not light:
+                raise _empty(report, out)
+            (stage / "README.md").write_text(card.render(report, light), encoding="utf-8")
+            (stage / "export_report.json").write_text(json.dumps(report, indent=1, default=str))
+            replace_all(stage, out)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    except BaseException:
+        if created:
+            with suppress(OSError):
+                out.rmdir()  # only ever an empty folder this export made
+        raise
+    stale = report_beside(out)  # an earlier empty export's report no longer describes OUT
+    if stale.is_file() and not stale.is_symlink():
+        stale.unlink()
     return report
 
 
@@ -325,14 +362,3 @@ def _describe(picks: list[_Pick], opts: Options) -> list[dict]:
         if why:
             failures.append({"id": p.cand.id, "kernel": p.cand.kernel.name, "detail": why})
     return failures
-
-
-def _replace(stage: Path, out: Path) -> None:
-    """Move the staged files over the previous export's (other files in OUT are left alone)."""
-    for name in MANAGED:
-        old = out / name
-        if old.is_dir():
-            shutil.rmtree(old)
-        elif old.exists():
-            old.unlink()
-        (stage / name).rename(old)

@@ -20,7 +20,7 @@ from testgen.made_inputs import label_signature
 from testgen.testcode import TOLERANCES
 
 _POINTER = re.compile(r"\*")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)", re.S)  # an unclosed /* ends it: linear
 _ARITHMETIC = re.compile(
     r"(unsigned |signed )?(bool|char|short|int|long|long long|float|double|half|__half|"
     r"size_t|u?int(8|16|32|64)_t|at::Half|c10::Half|scalar_t|index_t|int64|int32)"

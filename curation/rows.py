@@ -5,11 +5,19 @@ The schema is explicit so a row's types never depend on which values a batch hap
 it. Every row can be rebuilt from (repo, commit, path, toolchain): the text fields are the files
 kminer wrote for the candidate, read back as they are, except that a repository mined from a
 local path is named in their comments by its public URL (a row names no path of this machine).
+
+A row claims only what was measured: `verification` says whether the label passed its test on a
+GPU (`gpu_pass`) or a curator accepted it without that pass (`override`), and the figures
+(kill rate, GPU, toolchain) are the verification's own, null or empty where none was recorded.
+A row whose text holds something that looks like a credential is never written (`secret_in`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from datasets import Features, Sequence, Value
 
@@ -38,6 +46,7 @@ FEATURES = Features(
         "dtypes": Sequence(Value("string")),
         "num_cases": Value("int32"),
         "num_shapes": Value("int32"),
+        "verification": Value("string"),
         "kill_rate": Value("float64"),
         "kernel_time_us": Value("float64"),
         "gpu": Value("string"),
@@ -76,20 +85,148 @@ DESCRIPTIONS = {  # the card's schema table
     "dtypes": "the dtypes the test runs",
     "num_cases": "cases in the test",
     "num_shapes": "distinct argument shapes among the cases",
+    "verification": "gpu_pass: the label passed its test on `gpu`; override: a curator accepted "
+    "the row without that pass (its other figures are only what was measured, if anything)",
     "kill_rate": "share of deliberately wrong kernels (no write, off by one, swapped op) the "
-    "test fails",
-    "kernel_time_us": "median kernel time of the typical case on `gpu` (CUDA events)",
-    "gpu": "the GPU the label was verified on",
-    "toolchain": "nvcc, torch and CUDA versions of the verification",
+    "test fails; null when it was not measured",
+    "kernel_time_us": "median kernel time of the typical case on `gpu` (CUDA events); null "
+    "when not measured",
+    "gpu": "the GPU the verification ran on; empty when none was recorded",
+    "toolchain": "nvcc, torch and CUDA versions of the verification; empty when not recorded",
     "strategy": "how the host function was made: mined (the repository's launcher), rule, llm",
     "cases_source": "who made the inputs: mined (the repository's tests), rule, llm",
     "description_source": "where the description in instruction_complete comes from: llm, "
     "comment, docstring, or empty",
     "instruction_edited": "a curator edited the instructions",
-    "curator": "who accepted the row",
+    "curator": "who accepted the row (an override is flagged in `verification`)",
     "reviewed_at": "when it was accepted (ISO 8601, UTC)",
     "kminer_version": "the kminer version that exported it",
 }
+
+
+GPU_PASS, OVERRIDE = "gpu_pass", "override"  # the values of `verification`
+
+SECRET_PATTERNS = {  # kinds of credentials a row must never carry (values are never reported)
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    "an OpenAI key": re.compile(r"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{20,}"),
+    "a GitHub token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})"),
+    "an AWS access key": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "a Slack token": re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    "a private key": re.compile(r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----"),
+    "a password in a URL": re.compile(r"://[^/\s:@]{1,256}:[^/\s@]{1,256}@"),
+}
+_LITERALS = {  # a pattern runs only on a text holding one of its literals (`in` is fast)
+    "a Hugging Face token": ("hf_",),
+    "an OpenAI key": ("sk-",),
+    "a GitHub token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    "an AWS access key": ("AKIA", "ASIA"),
+    "a Slack token": ("xox",),
+    "a private key": ("PRIVATE KEY-----",),
+    "a password in a URL": ("://",),
+}
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY")
+
+
+def verification(cand: Candidate, review: dict) -> tuple[str, str]:
+    """(gpu_pass | override, why an override): a pass counts only when the verify stage recorded
+    one and the curator did not have to override the checks to accept the row."""
+    verify = cand.stage(StageName.VERIFY)
+    metrics = verify.metrics if verify else {}
+    outcome, kills = metrics.get("outcome") or "missing", metrics.get("kill_rate")
+    measured = f"verify outcome {outcome}, kill rate {'none' if kills is None else kills}"
+    if review.get("override"):
+        return OVERRIDE, f"accepted by a curator's override ({measured})"
+    if outcome != "pass":
+        return OVERRIDE, f"accepted, but its {measured}: not a GPU pass"
+    return GPU_PASS, ""
+
+
+def environment_secrets() -> dict[str, str]:
+    """Values of this process's credential-like environment variables (never to be exported)."""
+    return {
+        value: name
+        for name, value in os.environ.items()
+        if _SECRET_ENV.search(name.upper()) and len(value.strip()) >= 8
+    }
+
+
+def _strings(value, where: str):
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _strings(inner, f"{where}.{key}")
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _strings(inner, where)
+
+
+def secret_in(row: dict, env: dict[str, str] | None = None) -> str:
+    """'' when no text of the row looks like a credential, else what and where (never the
+    value): a known token format, or the value of a credential variable of this process."""
+    env = environment_secrets() if env is None else env
+    for field, text in _strings(row, ""):
+        field = field.lstrip(".")
+        for kind, pattern in SECRET_PATTERNS.items():
+            if any(lit in text for lit in _LITERALS[kind]) and pattern.search(text):
+                return f"{field} holds what looks like {kind}"
+        for value, name in env.items():
+            if value in text:
+                return f"{field} holds the value of ${name}"
+    return ""
+
+
+def redact(value, env: dict[str, str] | None = None):
+    """`value` (a text, or dicts and lists of them: a report) with everything `secret_in`
+    would find replaced by [redacted]."""
+    env = environment_secrets() if env is None else env
+    if isinstance(value, dict):
+        return {k: redact(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+    for kind, pattern in SECRET_PATTERNS.items():
+        if any(lit in value for lit in _LITERALS[kind]):
+            value = pattern.sub("[redacted]", value)
+    for secret in env:
+        value = value.replace(secret, "[redacted]")
+    return value
+
+
+def public_url(url: str, sources: dict[str, str]) -> str:
+    """The URL a row names for its repository: a mapping given for a local path, else the
+    path's `origin` remote when it is a git checkout, else the path as mined; never with the
+    credentials a clone URL may carry."""
+    for local, public in sources.items():
+        same = url == local if _is_url(url) else Path(url).resolve() == Path(local).resolve()
+        if same:
+            return _without_credentials(public)
+    if _is_url(url):
+        return _without_credentials(url)
+    try:
+        from git import Repo
+
+        repo = Repo(url)
+        return _without_credentials(repo.remotes.origin.url) if "origin" in repo.remotes else url
+    except Exception:  # not a git folder, or gone: the path is all there is
+        return url
+
+
+def _without_credentials(url: str) -> str:
+    """https://user:token@host/x → https://host/x; ssh's `git@host` user is kept."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    keep = parts.scheme not in ("http", "https") and ":" not in user
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}" if keep else host))
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text or text.startswith("git@")
 
 
 def _text(workdir: Path, rel: str) -> str:
@@ -114,6 +251,7 @@ def build_row(
 ) -> dict:
     verify = cand.stage(StageName.VERIFY)
     metrics = verify.metrics if verify else {}
+    verified, _ = verification(cand, review)
     k = cand.kernel
     mined_from = cand.provenance.repo_url
 
@@ -140,6 +278,7 @@ def build_row(
         "dtypes": list(cand.tests.dtypes),
         "num_cases": cand.tests.num_cases,
         "num_shapes": cand.tests.num_shapes,
+        "verification": verified,
         "kill_rate": metrics.get("kill_rate"),
         "kernel_time_us": metrics.get("kernel_time_us"),
         "gpu": metrics.get("gpu", ""),

@@ -37,7 +37,9 @@ class Reason(StrEnum):
     PARSE_FALLBACK = "parse_fallback"  # tree-sitter could not read it; a token scan did
     NOT_LAUNCHED = "not_launched"  # defined but never launched or referenced in the repo
     # closure
-    EXTRACT_FAILED = "extract_failed"  # the closure or the unit could not be built
+    EXTRACT_FAILED = "extract_failed"  # (stores before internal_error: a bug of the extractor)
+    INCLUDE_OUTSIDE = "include_outside"  # an #include of an absolute path or out of the checkout
+    INCLUDE_TOO_DEEP = "include_too_deep"  # an #include chain deeper than the compiler would go
     # compile
     COMPILE_ERROR = "compile_error"
     MISSING_HEADER = "missing_header"  # a header that is not in the repo nor on this machine

@@ -1,7 +1,10 @@
 """Bring the repository to mine onto disk without running anything from it, and record its origin.
 
 A source is a URL, a local git dir (bare or with a work tree) or a plain folder. Git sources are
-cloned into ``workdir/src`` (shallow where the transport allows); a rerun reuses that clone.
+cloned into ``workdir/src`` (shallow where the transport allows); a rerun reuses that clone. A
+clone is made in a staging folder, ``workdir/.src-partial-<pid>-*``, and moved into place only
+when complete: a failed or interrupted clone removes its staging folder, and one left by a run
+that was killed outright is removed by the next run.
 Nothing from the repository ever executes: only the https, ssh, git and file transports are
 allowed, the clone gets an empty template and ``core.hooksPath=/dev/null``, and submodules are
 fetched only on request.
@@ -33,6 +36,7 @@ from miner.gitsafe import (
     is_scp,
     one_line,
     redact,
+    run_git,
     unreachable,
     validate_source,
 )
@@ -44,6 +48,7 @@ MAX_HASHED_BYTES = 8 * 1024 * 1024
 _FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _HEXISH = re.compile(r"[0-9a-fA-F]{4,64}")
 _BAD_REF = re.compile(r"^[-/]|\.\.|@\{|//|[\x00-\x20\x7f~^:?*\[\\]|[/.]$|\.lock$")
+STAGING = ".src-partial-"  # + the pid of the run cloning into it
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,12 @@ def fetch_repo(
     """
     validate_source(source)
     ref = ref or None
-    if ref is not None and _BAD_REF.search(ref):
-        raise BadInput(f"invalid ref {ref!r}: give a branch, tag or commit SHA")
+    check_ref(ref)
     kind, url, path = _classify(source)
     workdir = Path(workdir).expanduser().absolute()
     if workdir.exists() and not workdir.is_dir():
         raise BadInput(f"workdir {workdir} is not a directory")
+    remove_stale_staging(workdir)
     dest = workdir / "src"
     held = _held_source(dest)
     if held is not None and not _same_source(held, url):
@@ -106,7 +111,7 @@ def fetch_repo(
                     _update(repo, kind, target, ref, deadline)
                 if submodules:
                     step = "fetch the submodules of"
-                    _update_submodules(repo, local, deadline)
+                    _update_submodules(repo, env, local, deadline)
                 commit = repo.head.commit.hexsha
         except GitCommandNotFound as exc:
             raise SetupError("git is not installed or not on PATH") from exc
@@ -118,6 +123,12 @@ def fetch_repo(
             raise BadInput(f"cannot {step} {url} into {dest}: {exc.strerror or exc}") from exc
     log.info("%s at %s in %s (%.1f s)", url, commit[:12], dest, time.monotonic() - start)
     return RepoSource(url, kind, commit, ref or "", dest, *detect_license(dest))
+
+
+def check_ref(ref: str | None) -> None:
+    """Refuse a --ref git would read as an option or a revision expression, not a name."""
+    if ref and _BAD_REF.search(ref):
+        raise BadInput(f"invalid ref {ref!r}: give a branch, tag or commit SHA")
 
 
 def folder_commit(root: Path, exclude: Path | None = None) -> str:
@@ -203,12 +214,38 @@ def _held_source(dest: Path) -> str | None:
     raise BadInput(f"{dest} exists and is not a kminer clone; pick another --workdir")
 
 
+def remove_stale_staging(workdir: Path) -> None:
+    """Remove the staging folders of clones whose run is gone (killed before it could clean up).
+
+    A folder whose run is still alive (another kminer cloning into this workdir) is left alone.
+    """
+    if not workdir.is_dir():
+        return
+    for path in workdir.glob(STAGING + "*"):
+        owner = path.name.removeprefix(STAGING).split("-", 1)[0]
+        if path.is_symlink() or not path.is_dir() or (owner.isdigit() and _alive(int(owner))):
+            continue
+        log.info("removing %s, left by an interrupted clone", path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _left(deadline: float) -> float:
     return max(1.0, deadline - time.monotonic())
 
 
 def _clone(url: str, dest: Path, opts: list[str], env: dict[str, str], deadline: float) -> Repo:
-    """`git clone`, through GitPython's own protocol/option guards, killed at the deadline.
+    """`git clone`, through GitPython's own protocol/option guards, killed at the deadline or
+    when kminer is interrupted.
 
     Repo.clone_from ignores kill_after_timeout, so the guards it runs are called here directly;
     template and hooksPath come through the environment because GitPython rightly refuses
@@ -216,9 +253,7 @@ def _clone(url: str, dest: Path, opts: list[str], env: dict[str, str], deadline:
     """
     Git.check_unsafe_protocols(url)
     Git.check_unsafe_options(options=opts, unsafe_options=Repo.unsafe_git_clone_options)
-    git = Git(str(dest.parent))
-    git.update_environment(**env)
-    git.clone(*opts, "--", url, str(dest), kill_after_timeout=_left(deadline))
+    run_git(["clone", *opts, "--", url, str(dest)], dest.parent, env, _left(deadline))
     repo = Repo(dest)
     repo.git.update_environment(**env)
     return repo
@@ -230,7 +265,7 @@ def _fresh_clone(
     """Clone into a staging dir next to dest and move it in only when complete."""
     made_workdir = not dest.parent.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".src-partial-", dir=dest.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=dest.parent))
     tmp = staging / "src"
     try:
         if kind == "git_dir":
@@ -272,7 +307,7 @@ def _clone_url(url: str, tmp: Path, ref: str | None, env: dict[str, str], deadli
             repo = Repo(tmp)
             repo.git.update_environment(**env)
             repo.create_remote("origin", url)
-            repo.remotes.origin.fetch(ref.lower(), depth=1, kill_after_timeout=_left(deadline))
+            run_git(["fetch", "--depth=1", "origin", ref.lower()], tmp, env, _left(deadline))
             _checkout(repo, ref.lower())
             return repo
         except GitCommandError as exc:
@@ -334,7 +369,7 @@ def _update(repo: Repo, kind: str, url: str, ref: str | None, deadline: float) -
     _record(repo, redact(url), ref)
 
 
-def _update_submodules(repo: Repo, local: bool, deadline: float) -> None:
+def _update_submodules(repo: Repo, env: dict[str, str], local: bool, deadline: float) -> None:
     """Fetch submodules (shallow, recursively) under the same restrictions as the clone.
 
     For a remote source the file transport is dropped, so a hostile .gitmodules cannot pull
@@ -342,24 +377,15 @@ def _update_submodules(repo: Repo, local: bool, deadline: float) -> None:
     """
     if not Path(repo.working_tree_dir, ".gitmodules").is_file():
         return
-    protocols = "https:ssh:git:file" if local else "https:ssh:git"
-    with repo.git.custom_environment(GIT_ALLOW_PROTOCOL=protocols):
-        try:
-            repo.git.submodule(
-                "update",
-                "--init",
-                "--recursive",
-                "--depth",
-                "1",
-                kill_after_timeout=_left(deadline),
-            )
-        except GitCommandError as exc:
-            if unreachable(exc):
-                raise
-            log.info("shallow submodule update failed (%s); retrying in full", git_reason(exc))
-            repo.git.submodule(
-                "update", "--init", "--recursive", kill_after_timeout=_left(deadline)
-            )
+    env = {**env, "GIT_ALLOW_PROTOCOL": "https:ssh:git:file" if local else "https:ssh:git"}
+    update = ["submodule", "update", "--init", "--recursive"]
+    try:
+        run_git([*update, "--depth", "1"], repo.working_tree_dir, env, _left(deadline))
+    except GitCommandError as exc:
+        if unreachable(exc):
+            raise
+        log.info("shallow submodule update failed (%s); retrying in full", git_reason(exc))
+        run_git(update, repo.working_tree_dir, env, _left(deadline))
 
 
 def _require_commits(repo: Repo, url: str, need_head: bool) -> None:

@@ -8,8 +8,9 @@ import hashlib
 import time
 from collections.abc import Iterator
 
-from miner.candidate import Candidate, Dep, StageName, StageResult, Status
+from miner.candidate import Candidate, Dep, Reason, StageName, StageResult, Status
 from miner.extract import Extracted, Extractor
+from miner.includes import MAX_INCLUDE_DEPTH, include_problem
 from miner.stage import Done, RunContext, Stage
 
 
@@ -38,6 +39,10 @@ class Closure(Stage):
             f"{ctx.src.commit[:12]} {cand.kernel.file}:{cand.kernel.line}"
         )
         result = extractor.extract(fk, header)
+        refused = _refused(result)
+        if refused is not None:
+            cand.set_stage(self.name, refused)
+            return
         path = ctx.workdir / "units" / f"{cand.id}.cu"
         data = result.unit.text.encode("latin-1")
         if not path.exists() or path.read_bytes() != data:
@@ -64,6 +69,20 @@ class Closure(Stage):
                 detail=_detail(len(entries), result),
             ),
         )
+
+
+def _refused(result: Extracted) -> StageResult | None:
+    """A unit that would make the compiler read a file outside the checkout, or follow an
+    include chain no compiler follows, is not written: the candidate stops here, said why."""
+    problems = [include_problem(e.header, e.from_file) for e in result.closure.externals]
+    problems = [p for p in problems if p]
+    if problems:
+        detail = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        return StageResult(status=Status.ERROR, reason=Reason.INCLUDE_OUTSIDE, detail=detail)
+    if result.too_deep:
+        detail = f"includes nest deeper than {MAX_INCLUDE_DEPTH}: {result.too_deep}"[:300]
+        return StageResult(status=Status.ERROR, reason=Reason.INCLUDE_TOO_DEEP, detail=detail)
+    return None
 
 
 def _detail(n_deps: int, result: Extracted) -> str:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,18 +82,7 @@ def failing_dtypes(log: str, text: str) -> set[str]:
 
 
 def _run_nvcc(text: str, needs_torch: bool, timeout: float) -> tuple[int | None, str, float]:
-    with tempfile.TemporaryDirectory(prefix="kminer-nvcc-") as tmp:
-        src, obj = Path(tmp) / "unit.cu", Path(tmp) / "unit.o"
-        src.write_bytes(text.encode("latin-1", errors="replace"))
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                nvcc_command(src, obj, needs_torch), capture_output=True, timeout=timeout, cwd=tmp
-            )
-        except subprocess.TimeoutExpired:
-            return None, f"nvcc timed out after {timeout:.0f} s", time.perf_counter() - start
-        log = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
-        return proc.returncode, log.replace(str(src), "unit.cu"), time.perf_counter() - start
+    return toolchain.compile_source(text, "unit.cu", toolchain.unit_flags(needs_torch), timeout)
 
 
 def compile_unit(

@@ -25,6 +25,7 @@ class Extracted:
     closure: Closure
     unit: RenderedUnit
     pruned: int = 0  # same-named definitions libclang showed the kernel never reaches
+    too_deep: str = ""  # an include chain past the depth any compiler would follow
 
 
 class Extractor:
@@ -59,12 +60,13 @@ class Extractor:
             if s.template_args
         ]
         unit = render_unit(kernel.kdef, closure, self.disc.models, header, site_args)
+        too_deep = linear.too_deep or (tu_linear.too_deep if tu_linear else "")
         unused = self.unused_definitions(kernel, closure, unit) if closure.ambiguous else set()
         if not unused:
-            return Extracted(closure, unit)
+            return Extracted(closure, unit, too_deep=too_deep)
         closure = compute_closure(item, linear, tu_linear, frozenset(unused))
         unit = render_unit(kernel.kdef, closure, self.disc.models, header, site_args)
-        return Extracted(closure, unit, len(unused))
+        return Extracted(closure, unit, len(unused), too_deep)
 
     def unused_definitions(
         self, kernel: FoundKernel, closure: Closure, unit: RenderedUnit

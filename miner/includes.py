@@ -60,13 +60,40 @@ def system_include_dirs() -> tuple[Path, ...]:
     return tuple(d for d in dirs if d.is_dir())
 
 
+MAX_INCLUDE_DEPTH = 64  # deeper chains are refused (include_too_deep), never cut silently
+
+
+def include_problem(header: str, includer: str) -> str:
+    """Why an `#include` of `header` from the repository file `includer` may not reach a
+    compiler ('' when it may): an absolute path, or a path that climbs out of the checkout (quote
+    includes resolve beside their file) or out of the include dirs (angle includes). Either would
+    make nvcc read a file of this machine, and its text would land in logs and caches."""
+    path = header.strip()
+    if path.startswith(("/", "\\")) or (len(path) > 1 and path[1] == ":"):
+        return f"#include of an absolute path {path!r} in {includer}"
+    if ".." not in path.replace("\\", "/").split("/"):
+        return ""
+    beside = posixpath.normpath(posixpath.join(posixpath.dirname(includer), path))
+    if beside.startswith("../") or beside == "..":
+        return f"#include {path!r} in {includer} leaves the checkout"
+    return ""
+
+
+def _confined(header: str) -> bool:
+    """A header name that stays inside the include dirs it is looked up in."""
+    parts = header.strip().replace("\\", "/").split("/")
+    return bool(header.strip()) and not header.strip().startswith("/") and ".." not in parts
+
+
 @functools.cache
 def exists_on_system(header: str) -> bool:
+    if not _confined(header):
+        return False
     return header in CXX_STD or any((d / header).is_file() for d in system_include_dirs())
 
 
 def is_torch_header(header: str) -> bool:
-    return header.startswith(TORCH_PREFIXES) or header in TORCH_HEADERS
+    return _confined(header) and (header.startswith(TORCH_PREFIXES) or header in TORCH_HEADERS)
 
 
 class IncludeResolver:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from miner.cpp_expr import UNKNOWN, MacroEnv, cuda_env, evaluate
 from miner.filemodel import Cond, Define, FileModel, Include, Item, PragmaOnce, Undef
-from miner.includes import IncludeResolver
+from miner.includes import MAX_INCLUDE_DEPTH, IncludeResolver
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Linear:
     externals: list[ExternalInclude] = field(default_factory=list)
     files: list[str] = field(default_factory=list)  # include closure, in first-visit order
     include_offsets: dict[str, int] = field(default_factory=dict)  # file → entries before it
+    too_deep: str = ""  # the include chain that went past MAX_INCLUDE_DEPTH, when one did
 
 
 class Linearizer:
@@ -71,7 +72,11 @@ class _Run:
 
     def visit_file(self, rel: str, guards: tuple[str, ...]) -> None:
         model = self.o.models.get(rel)
-        if model is None or rel in self.once or rel in self.stack or len(self.stack) > 64:
+        if model is None or rel in self.once or rel in self.stack:
+            return
+        if len(self.stack) >= MAX_INCLUDE_DEPTH:
+            if not self.result.too_deep:
+                self.result.too_deep = f"{self.stack[0]} -> ... -> {self.stack[-1]} -> {rel}"
             return
         if rel not in self.result.include_offsets:
             self.result.include_offsets[rel] = len(self.result.entries)

@@ -21,7 +21,13 @@ import re
 import shutil
 import subprocess
 import sysconfig
+import tempfile
 from pathlib import Path
+
+try:  # in kminer
+    from miner import sandbox
+except ImportError:  # in a bundle: beside run.py
+    import sandbox
 
 DEFAULT_ARCH_LIST = "9.0"  # sm_90 (H100) on a machine without a GPU and without the variable
 HERE = Path(__file__).resolve().parent
@@ -220,6 +226,26 @@ def _abi_flags() -> tuple[str, ...]:
     if hasattr(ce, "_get_glibcxx_abi_build_flags"):
         return tuple(ce._get_glibcxx_abi_build_flags())
     return (f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",)
+
+
+def compile_source(
+    text: str, name: str, flags: list[str], timeout: float, memory_mb: int = 16 << 10
+) -> tuple[int | None, str, float]:
+    """nvcc -c on `text` (saved as `name` in a temp dir) inside the execution boundary: mined
+    code is code kminer did not write. Returns (exit code, None at the time limit; the log with
+    the temp path replaced by `name`; seconds)."""
+    with tempfile.TemporaryDirectory(prefix="kminer-nvcc-") as tmp:
+        src = Path(tmp) / name
+        src.write_bytes(text.encode("latin-1", errors="replace"))
+        argv = [nvcc_path() or "nvcc", "-c", *flags, str(src), "-o", str(src.with_suffix(".o"))]
+        limits = sandbox.Limits(seconds=timeout, memory_mb=memory_mb, processes=64)
+        done = sandbox.run(argv, limits, cwd=Path(tmp))
+        log = (done.stdout + done.stderr).replace(str(src), name)
+        if done.timed_out:
+            return None, f"nvcc timed out after {timeout:.0f} s", done.seconds
+        if done.over_memory or done.returncode is None:
+            return 1, log + f"\nnvcc ended without a verdict ({done.notes})", done.seconds
+        return done.returncode, log, done.seconds
 
 
 def extension_env() -> dict[str, str]:

@@ -20,7 +20,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miner import toolchain
+from miner import sandbox, supervisor, toolchain
 from miner.candidate import Candidate, Reason, StageName, StageResult, Status
 from miner.versions import code_version
 from testgen.cases import MIN_CASES, MIN_SHAPES
@@ -58,7 +58,8 @@ each wrong variant of its label: a test that passes a variant makes the outcome 
 Bring results.json back and read it in with testgen.bundle.ingest.
 
 Layout: manifest.json, tests/<id>.py, labels/<id>.cu, references/<id>.cpp,
-variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py, toolchain.py.
+variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py, toolchain.py, sandbox.py,
+supervisor.py.
 """
 
 
@@ -134,6 +135,8 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
     files["prebuild.py"] = PREBUILD.read_bytes()
     files["batching.py"] = Path(batching.__file__).read_bytes()
     files["toolchain.py"] = Path(toolchain.__file__).read_bytes()
+    files["sandbox.py"] = Path(sandbox.__file__).read_bytes()
+    files["supervisor.py"] = Path(supervisor.__file__).read_bytes()
     root = out_path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with (

@@ -15,14 +15,16 @@ import hashlib
 import logging
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testgen.sandbox import run_sandboxed
+from miner import sandbox
 from testgen.standalone import RECORDER
 
 log = logging.getLogger(__name__)
 FILE_TIMEOUT_S = 120.0
+RECORD_LIMITS = sandbox.Limits(seconds=FILE_TIMEOUT_S, memory_mb=16 << 10, processes=128)
 
 
 @dataclass
@@ -62,26 +64,31 @@ def _cache_key(test_file: Path) -> str:
 
 
 def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCall]:
-    """The extension calls one test file makes (cached)."""
+    """The extension calls one test file makes (cached). A file whose calls cannot be read back
+    (a crash, a timeout, a value `weights_only` refuses) gives none; the others go on."""
     import torch
 
     repo, test_file, cache_dir = repo.resolve(), test_file.resolve(), cache_dir.resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / f"{_cache_key(test_file)}.pt"
     if not out.exists():
-        tmp = out.with_suffix(".partial")
-        result = run_sandboxed(
-            [sys.executable, str(RECORDER), str(repo), str(test_file), str(tmp)],
-            timeout=FILE_TIMEOUT_S,
-        )
-        if not tmp.exists():
-            why = "timed out" if result.timed_out else f"exit {result.returncode}"
-            log.info("recording %s: no calls (%s); tried again next run", test_file.name, why)
-            return []
-        tmp.replace(out)
+        with tempfile.TemporaryDirectory(prefix="kminer-record-") as tmp:
+            written = Path(tmp) / "calls.pt"
+            argv = [sys.executable, str(RECORDER), str(repo), str(test_file), str(written)]
+            result = sandbox.run(argv, RECORD_LIMITS, writable=[Path(tmp)], readable=[repo])
+            data = sandbox.read_output(written)
+            if data is None:
+                why = "timed out" if result.timed_out else f"exit {result.returncode}"
+                log.info("recording %s: no calls (%s); tried again next run", test_file.name, why)
+                return []
+            out.write_bytes(data)
     rel = test_file.relative_to(repo).as_posix()
-    raw = torch.load(out, weights_only=True)
-    return [RecordedCall(name, list(args), dict(kwargs), rel) for name, args, kwargs in raw]
+    try:
+        raw = torch.load(out, weights_only=True)
+        return [RecordedCall(name, list(args), dict(kwargs), rel) for name, args, kwargs in raw]
+    except Exception as exc:  # the file's own data: its calls are lost, not the stage
+        log.warning("recording %s: calls unreadable (%s: %s)", rel, type(exc).__name__, exc)
+        return []
 
 
 def record_repo_calls(

@@ -160,3 +160,15 @@ def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
     repo.git.add(A=True)
     repo.index.commit("fixture")
     return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI a skipped test is a failure: `make test` installs every tool a test needs, so a
+    skip there means a test that silently stopped testing."""
+    import os
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if os.environ.get("CI") and skipped and exitstatus == 0:
+        reporter.write_line(f"{len(skipped)} skipped in CI: a skip is a failure here", red=True)
+        session.exitstatus = 1

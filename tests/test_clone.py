@@ -461,3 +461,58 @@ def test_symlinked_workdir_parent_is_fine(up, tmp_path):
     os.symlink(real, tmp_path / "link")
     src = fetch_repo(str(up.path), tmp_path / "link" / "w")
     assert (real / "w" / "src" / "a.cu").exists() and src.commit == up.c2
+
+
+@pytest.mark.parametrize(
+    "url, want",
+    [
+        ("https://user:s3cret@host/a/b.git", "https://host/a/b.git"),
+        ("https://ghp_s3cret@host/a/b.git", "https://host/a/b.git"),
+        ("HTTPS://user:s3cret@host/a", "HTTPS://host/a"),
+        ("http://user:s3cret@host:8080/a", "http://host:8080/a"),
+        ("ssh://git:s3cret@host:22/a/b.git", "ssh://git@host:22/a/b.git"),
+        ("ssh://:s3cret@host/a", "ssh://@host/a"),
+        ("ssh://git@host/a/b.git", "ssh://git@host/a/b.git"),  # a user name is no secret
+        ("git://s3cret@host/a", "git://host/a"),
+        ("file://user:s3cret@localhost/srv/a.git", "file://localhost/srv/a.git"),
+        ("git@host:a/b.git", "git@host:a/b.git"),
+        ("/srv/user:s3cret@a", "/srv/user:s3cret@a"),  # a path is not a URL: kept as it is
+    ],
+)
+def test_redact_drops_credentials_of_every_url_form(url, want):
+    assert gitsafe.redact(url) == want
+
+
+def test_refusals_never_print_a_password(tmp_path):
+    for source in ("http://user:s3cret@host/x.git", "ftp://user:s3cret@host/x.git"):
+        with pytest.raises(BadInput, match="refusing") as exc:
+            fetch_repo(source, tmp_path / "w")
+        assert "s3cret" not in one_line_error(exc)
+
+
+def test_clone_with_credentials_in_a_file_url(up, tmp_path):
+    src = fetch_repo(f"file://user:s3cret@localhost{up.path}", tmp_path / "w")
+    assert (src.url, src.commit) == (f"file://localhost{up.path}", up.c2)
+    assert git(src.root, "config", "kminer.source") == src.url
+    again = fetch_repo(f"file://user:s3cret@localhost{up.path}", tmp_path / "w", ref="v1")
+    assert again.commit == up.c1  # the same source: reused, switched in place
+
+
+def test_stale_staging_is_removed_and_live_staging_kept(up, tmp_path):
+    work = tmp_path / "w"
+    done = subprocess.Popen(["true"])
+    done.wait()
+    dead, old, live = (
+        work / f"{clone.STAGING}{done.pid}-abc",
+        work / f"{clone.STAGING}xyz",  # named before staging folders carried a pid
+        work / f"{clone.STAGING}{os.getpid()}-busy",
+    )
+    for path in (dead, old, live):
+        (path / "src").mkdir(parents=True)
+        (path / "src" / "a.cu").write_text("half a clone")
+    src = fetch_repo(str(up.path), work)
+    assert (src.root / "a.cu").read_text() == "two"
+    assert sorted(p.name for p in work.glob(f"{clone.STAGING}*")) == [live.name]
+    (work / "notes").write_text("mine")
+    fetch_repo(str(up.path), work)  # a rerun cleans too, and touches nothing else
+    assert (work / "notes").read_text() == "mine" and live.exists()

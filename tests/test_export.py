@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,16 @@ def test_publish_refuses_a_missing_card_unknown_licenses_an_empty_set_and_local_
     empty = tmp_path / "empty"
     done = kminer("export", "-w", str(workdirs["gamma"]), "--out", str(empty))
     assert done.returncode == 1 and "nothing exported" in done.stderr  # the GPL row is dropped
+    assert not empty.exists()  # an empty export writes no folder; its report goes beside it
+    assert json.loads((tmp_path / "empty.export_report.json").read_text())["dropped"] == {
+        "license": 1
+    }
+    # a 0-row dataset can still be made by hand: publish refuses it
+    from datasets import Dataset
+
+    shutil.copytree(exported, empty)
+    shard = empty / "data" / "train-00000-of-00001.parquet"
+    Dataset.from_dict({k: [] for k in FEATURES}, features=FEATURES).to_parquet(str(shard))
     for folder, message in (
         (no_card, "no dataset card"),
         (unknown, "1 rows have an unknown license"),
@@ -502,3 +513,88 @@ def test_the_report_names_repositories_not_paths_of_this_machine(exported, workd
     report = (exported / "export_report.json").read_text()
     assert str(workdirs["alpha"]) not in report and str(FIXTURES) not in report
     assert json.loads(report)["workdirs"][0]["repo"]["url"] == "https://example.org/alpha"
+
+
+def set_verify(workdir: Path, kernel: str, metrics: dict, override: bool | None = None) -> str:
+    """Give one candidate new verify metrics (and, when asked, an override accept); its id."""
+    store = Store.open(workdir)
+    try:
+        cand = next(c for c in store.iter_candidates() if c.kernel.name == kernel)
+        cand.set_stage(StageName.VERIFY, StageResult(status=Status.OK, metrics=metrics))
+        store.save(cand)
+        if override is not None:
+            reviews = Reviews(store)
+            version = reviews.get(cand.id)["version"]
+            reviews.write(
+                cand.id, version, "cy", "override_accept", decision=Decision.ACCEPTED,
+                override=override,
+            )  # fmt: skip
+        return cand.id
+    finally:
+        store.close()
+
+
+def card_line(text: str, start: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(start)]
+    return line
+
+
+def test_the_card_states_only_what_the_rows_measured(tmp_path):
+    """beta's 4 kernels: kill rate 1.0, kill rate 0.5, a pass with no GPU or toolchain recorded,
+    and a curator override whose test was weak; exported with --include-overrides."""
+    from datasets import load_dataset
+
+    wd = tmp_path / "beta"
+    build_workdir(FIXTURES / "beta", wd).close()
+    passed = {"outcome": "pass", "kernel_time_us": 3.0}
+    set_verify(wd, "saxpy_kernel", {**passed, "kill_rate": 0.5, "gpu": "NVIDIA H200",
+                                     "nvcc": "12.8", "torch": "2.7.0", "cuda": "12.8"})  # fmt: skip
+    set_verify(wd, "clamp_kernel", {**passed, "kill_rate": 1.0})  # no gpu, no toolchain
+    override_id = set_verify(wd, "softplus_kernel", {"outcome": "weak_test"}, override=True)
+    out = tmp_path / "o"
+    done = kminer("export", "-w", str(wd), "--out", str(out), "--include-overrides")
+    assert done.returncode == 0, done.stderr
+    rows = load_dataset(str(out), split="train").to_list()
+    text = (out / "README.md").read_text()
+    verification = {r["id"]: r["verification"] for r in rows}
+    assert verification[override_id] == "override"
+    assert sorted(verification.values()) == ["gpu_pass"] * 3 + ["override"]
+    override = next(r for r in rows if r["id"] == override_id)
+    assert override["kill_rate"] is None and override["gpu"] == "" and override["curator"] == "cy"
+    assert not any(override["toolchain"].values())
+    # each sentence, against figures counted here from the rows
+    assert card_line(text, "- 3 of 4 rows were verified on a GPU").endswith(
+        "the other 1 are curator overrides, accepted without that pass (`verification`: override)."
+    )
+    assert "Every row was verified" not in text
+    kills = sorted(r["kill_rate"] for r in rows if r["kill_rate"] is not None)
+    assert kills == [0.5, 1.0, 1.0]
+    kill = card_line(text, "- 3 of 4 rows have a measured kill rate")
+    assert "min 0.50, median 1.0;" in kill and "every wrong variant in 2 of 3 rows" in kill
+    assert kill.endswith("the other 1 have none measured.") and "100 %" not in text
+    gpus = Counter(r["gpu"] or "unknown" for r in rows)
+    assert gpus == {"NVIDIA H100 80GB HBM3": 1, "unknown": 2, "NVIDIA H200": 1}
+    assert card_line(text, "- GPUs the rows name (`gpu`): ") == (
+        "- GPUs the rows name (`gpu`): unknown (2 rows), NVIDIA H100 80GB HBM3 (1 row), "
+        "NVIDIA H200 (1 row)."
+    )
+    assert card_line(text, "- Toolchains the rows name").endswith(
+        ": unknown (2 rows), 13.0.88 / 2.11.0+cu130 / 13.0 (1 row), 12.8 / 2.7.0 / 12.8 (1 row)."
+    )
+    assert sum(r["kernel_time_us"] is not None for r in rows) == 3
+    assert "- Kernel times: 3 of 4 rows have a `kernel_time_us`" in text
+    assert "passed on a GPU for 3 of 4 rows; for the other 1 (overrides) it was not shown." in text
+    assert "- Each row names the curator who accepted it" in text
+    assert "2 of 4 rows record the toolchain their verification ran with" in text
+    assert "curator overrides included (--include-overrides)" in text
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["verification"] == {"gpu_pass": 3, "override": 1}
+    assert report["options"]["include_overrides"] is True
+    # without the option the override is left out, with its reason, and the card says "every"
+    again = export(Options(workdirs=[wd], out=out))
+    assert again["rows"] == 3 and again["dropped"] == {"override": 1}
+    (drop,) = again["drops"]
+    assert drop["id"] == override_id and "verify outcome weak_test" in drop["detail"]
+    text = (out / "README.md").read_text()
+    assert "- Every row was verified on a GPU: the label of each of the 3 passed" in text
+    assert "min 0.50, median 1.0;" in text and "100 %" not in text

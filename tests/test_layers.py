@@ -18,8 +18,20 @@ TRAVELLERS = [
     *sorted((ROOT / "testgen" / "standalone").glob("*.py")),
     ROOT / "wrappers" / "batching.py",
     ROOT / "miner" / "toolchain.py",
+    ROOT / "miner" / "sandbox.py",
+    ROOT / "miner" / "supervisor.py",
 ]
-SIBLINGS = {"prebuild", "batching", "toolchain", "runner", "recorder", "callcheck", "refcheck"}
+SIBLINGS = {
+    "prebuild",
+    "batching",
+    "toolchain",
+    "sandbox",
+    "supervisor",
+    "runner",
+    "recorder",
+    "callcheck",
+    "refcheck",
+}
 TRAVEL_OK = {"torch", "pytest", "numpy", "clang", "miner", "wrappers", "testgen"} | SIBLINGS
 
 

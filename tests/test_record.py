@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from miner import sandbox
 from testgen.inputs import RecordedCall, record_file, record_repo_calls, repo_test_files
-from testgen.sandbox import run_sandboxed
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recrepo"
 
@@ -63,15 +63,15 @@ def test_a_recording_that_crashed_is_not_cached(tmp_path):
 def test_sandbox_kills_a_hang_and_reports_a_crash(tmp_path):
     import sys
 
-    hang = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)
+    hang = sandbox.run([sys.executable, "-c", "import time; time.sleep(60)"], sandbox.Limits(1))
     assert hang.timed_out and hang.returncode is None and hang.seconds < 30
-    crash = run_sandboxed(
+    crash = sandbox.run(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
-        timeout=30,
+        sandbox.Limits(30),
     )
     assert crash.returncode == -11 and not crash.timed_out
-    where = run_sandboxed([sys.executable, "-c", "import os; print(os.getcwd())"], timeout=30)
-    assert "kminer-sandbox-" in where.stdout
+    where = sandbox.run([sys.executable, "-c", "import os; print(os.getcwd())"], sandbox.Limits(30))
+    assert "kminer-run-" in where.stdout and where.stdout.strip().endswith("/home")
 
 
 def test_bind_rejects_calls_that_do_not_fit():

@@ -86,7 +86,7 @@ def test_curator_reviews_in_the_browser(browser, served):
     page.keyboard.press("Enter")
     page.wait_for_url("**/c/c0000")
     assert page.inner_text("#kernel") == "kern0" and "kern0(float* x)" in page.inner_text("main")
-    assert page.locator("pre span.kw", has_text="__global__").count() >= 1  # highlighted
+    assert page.locator("pre span.kr", has_text="__global__").count() >= 1  # highlighted
     assert "(0.0001, 0.0001)" in page.inner_text("#cases")  # the dtype's tolerance
     page.click("details.attempt summary")
     assert "[kminer:inputs] kernel=kern0" in page.inner_text("details.attempt")

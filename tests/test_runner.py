@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,8 @@ RUNNER = ROOT / "testgen" / "standalone" / "runner.py"
 PREBUILD = ROOT / "testgen" / "standalone" / "prebuild.py"
 BATCHING = ROOT / "wrappers" / "batching.py"
 TOOLCHAIN = ROOT / "miner" / "toolchain.py"
+SANDBOX = ROOT / "miner" / "sandbox.py"
+SUPERVISOR = ROOT / "miner" / "supervisor.py"
 FAKE = Path(__file__).parent / "fixtures" / "runner" / "fake"
 CUDA = Path(__file__).parent / "fixtures" / "runner" / "cuda"
 TIMING = ("build_s", "run_s", "build_cached", "log_tail")
@@ -44,6 +45,8 @@ def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -
     shutil.copy(PREBUILD, root / "prebuild.py")
     shutil.copy(BATCHING, root / "batching.py")
     shutil.copy(TOOLCHAIN, root / "toolchain.py")
+    shutil.copy(SANDBOX, root / "sandbox.py")
+    shutil.copy(SUPERVISOR, root / "supervisor.py")
     ref = f"references/ref{reference.suffix}"
     shutil.copy(reference, root / ref)
     manifest = []
@@ -64,17 +67,33 @@ def make_bundle(root: Path, check: Path, reference: Path, entries: list[dict]) -
     return root
 
 
-def run_py(bundle: Path, *args: str, log: Path | None = None, timeout: float = 300):
-    env = {**os.environ, "FAKE_LOG": str(log)} if log else None
+def run_py(bundle: Path, *args: str, timeout: float = 300):
     argv = [sys.executable, str(bundle / "run.py"), *args]
-    return subprocess.run(
-        argv, cwd=bundle, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(argv, cwd=bundle, capture_output=True, text=True, timeout=timeout)
 
 
-def fake_log(path: Path) -> list[list[str]]:
-    """[step, impl name, impl hash, build dir, pid] per line the fake tests wrote."""
-    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+def fake_log(bundle: Path) -> list[list[str]]:
+    """[step, impl name, impl hash, build dir, pid, ns] per line the fake tests wrote in the
+    bundle's build folders (the one place a test may write), oldest first."""
+    lines = [
+        ln.split()
+        for path in sorted(bundle.glob(".build/**/fake.log"))
+        for ln in path.read_text().splitlines()
+    ]
+    return sorted(lines, key=lambda line: int(line[5]))
+
+
+def running(text: str) -> list[int]:
+    """Processes of this machine whose command line holds `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
 
 
 def same(a: dict, b: dict) -> bool:
@@ -112,6 +131,11 @@ BATCH = [
     {"id": "asserts", "label": fake("asserts")},
     {"id": "noref", "label": fake("pass"), "reference": False},
     {"id": "short", "label": fake("pass"), "min_cases": 6, "min_shapes": 2},
+    {  # every wrong variant fails to build: the test's strength is unmeasured
+        "id": "unmeasured",
+        "label": fake("pass"),
+        "variants": [("no_write", fake("v_nobuild")), ("off_by_one", fake("v_nobuild"))],
+    },
     {
         "id": "alternate",  # an op_swap the test passes (maybe equivalent), then one it kills
         "label": fake("pass"),
@@ -160,11 +184,10 @@ def batch(tmp_path_factory):
     bundle = make_bundle(
         tmp_path_factory.mktemp("batch"), FAKE / "fake_check.py", FAKE / "ref.cpp", BATCH
     )
-    log = bundle / "fake.log"
     args = ["--out", "results.json", "--jobs", "3", "--gpu-jobs", "2"]
-    proc = run_py(bundle, *args, "--build-timeout", "8", "--run-timeout", "5", log=log)
+    proc = run_py(bundle, *args, "--build-timeout", "8", "--run-timeout", "5")
     results = json.loads((bundle / "results.json").read_text())
-    return bundle, results, fake_log(log), proc
+    return bundle, results, fake_log(bundle), proc
 
 
 def test_batch_completes_with_every_outcome(batch):
@@ -185,6 +208,7 @@ def test_batch_completes_with_every_outcome(batch):
         "noref": ("no_reference", ""),
         "alternate": ("pass", "run"),
         "short": ("weak_test", "run"),
+        "unmeasured": ("weak_test", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -232,6 +256,10 @@ def test_entry_fields(batch):
     ]
     assert alt["kill_rate"] == 1.0 and alt["detail"] == ""
     assert entries["short"]["detail"] == "5 valid cases over 3 shapes (needs 6 over 2)"
+    unmeasured = entries["unmeasured"]
+    assert unmeasured["kill_rate"] is None
+    assert unmeasured["detail"] == "none of its 2 wrong variants built: its kill rate is unmeasured"
+    assert [v["outcome"] for v in unmeasured["variants"]] == ["invalid", "invalid"]
     mismatch = entries["mismatch"]
     assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
@@ -258,7 +286,7 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     assert len(builds) == len(sources) == 13
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
-    for _step, name, _, build_dir, _ in log:
+    for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)
     assert all(len(d) == 1 for d in dirs.values())
     # the build folder is keyed by the reference alone: every entry here shares one reference, so
@@ -270,14 +298,13 @@ def test_each_source_and_each_reference_built_once(batch):
 
 def test_second_run_builds_nothing(batch):
     bundle, results, _, _ = batch
-    log = bundle / "fake.log"
-    before = len(fake_log(log))
+    before = len(fake_log(bundle))
     ids = ["good", "weak", "mismatch", "segv", "nobuild", "importerr"]  # in manifest order
-    proc = run_py(bundle, "--out", "again.json", "--only", *ids, "--jobs", "3", log=log)
+    proc = run_py(bundle, "--out", "again.json", "--only", *ids, "--jobs", "3")
     assert proc.returncode == 0, proc.stderr
     again = json.loads((bundle / "again.json").read_text())["entries"]
     assert list(again) == ids
-    new = fake_log(log)[before:]
+    new = fake_log(bundle)[before:]
     assert [line[0] for line in new if line[0] != "run"] == []  # build verdicts come from the cache
     for eid in ids:
         assert same(again[eid], results["entries"][eid]), eid
@@ -286,16 +313,15 @@ def test_second_run_builds_nothing(batch):
 
 def test_resume_skips_what_is_done(batch):
     bundle, results, _, _ = batch
-    log = bundle / "fake.log"
     partial = json.loads(json.dumps(results))
     for eid in ("mismatch", "asserts", "noref"):
         del partial["entries"][eid]
     (bundle / "partial.json").write_text(json.dumps(partial))
-    before = len(fake_log(log))
-    proc = run_py(bundle, "--out", "partial.json", "--resume", log=log)
+    before = len(fake_log(bundle))
+    proc = run_py(bundle, "--out", "partial.json", "--resume")
     assert proc.returncode == 0, proc.stderr
     resumed = json.loads((bundle / "partial.json").read_text())
-    assert {line[1] for line in fake_log(log)[before:]} == {"mismatch.cu", "asserts.cu"}
+    assert {line[1] for line in fake_log(bundle)[before:]} == {"mismatch.cu", "asserts.cu"}
     assert list(resumed["entries"]) == list(results["entries"])
     for eid, e in resumed["entries"].items():
         if eid in ("mismatch", "asserts", "noref"):
@@ -308,16 +334,15 @@ def test_resume_skips_what_is_done(batch):
 def test_interrupted_run_keeps_what_it_did(tmp_path):
     """The stuck test comes first and shares the quick one's build folder: only builds hold
     that folder, so the quick one still runs and is recorded while the stuck one hangs."""
-    entries = [{"id": "stuck", "label": fake("hang")}, {"id": "quick", "label": fake("pass")}]
+    quick = {"id": "quick", "label": fake("pass"), "variants": [("no_write", fake("v_mismatch"))]}
+    entries = [{"id": "stuck", "label": fake("hang")}, quick]
     bundle = make_bundle(tmp_path / "b", FAKE / "fake_check.py", FAKE / "ref.cpp", entries)
-    log = bundle / "fake.log"
     argv = [sys.executable, str(bundle / "run.py"), "--out", "results.json", "--gpu-jobs", "2"]
-    env = {**os.environ, "FAKE_LOG": str(log)}
-    proc = subprocess.Popen([*argv, "--run-timeout", "600"], cwd=bundle, env=env)
+    proc = subprocess.Popen([*argv, "--run-timeout", "600"], cwd=bundle)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            stuck = [line for line in fake_log(log) if line[:2] == ["run", "stuck.cu"]]
+            stuck = [line for line in fake_log(bundle) if line[:2] == ["run", "stuck.cu"]]
             out = runner._read_json(bundle / "results.json") or {}
             if stuck and "quick" in out.get("entries", {}):
                 break
@@ -331,9 +356,7 @@ def test_interrupted_run_keeps_what_it_did(tmp_path):
             proc.kill()
     out = json.loads((bundle / "results.json").read_text())
     assert list(out["entries"]) == ["quick"] and out["entries"]["quick"]["outcome"] == "pass"
-    pid = int(stuck[0][4])
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # the hanging test went with the runner
+    assert stuck and running(str(bundle / "tests" / "stuck.py")) == []  # it went with the runner
 
 
 def test_verdicts():
@@ -467,6 +490,8 @@ def test_write_bundle_run_and_ingest(tmp_path):
         "verify/references/a.cpp",
         "verify/references/b.cpp",
         "verify/run.py",
+        "verify/sandbox.py",
+        "verify/supervisor.py",
         "verify/tests/a.py",
         "verify/tests/b.py",
         "verify/tests/c.py",

@@ -10,10 +10,7 @@ leave the batch and the rest is rebuilt, so one bad label never fails its neighb
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,25 +33,8 @@ BuildFn = Callable[[str, str], BuildResult]  # (label id, label text) -> its ver
 
 
 def _nvcc(source: str, timeout: float) -> tuple[int | None, str, float]:
-    with tempfile.TemporaryDirectory(prefix="kminer-build-") as tmp:
-        src = Path(tmp) / "batch.cu"
-        src.write_text(source, encoding="latin-1", errors="replace")
-        out = str(Path(tmp) / "b.o")
-        cmd = [
-            toolchain.nvcc_path() or "nvcc",
-            "-c",
-            *toolchain.extension_flags(),
-            str(src),
-            "-o",
-            out,
-        ]
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            return None, f"nvcc timed out after {timeout:.0f} s", time.perf_counter() - start
-        log = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
-        return proc.returncode, log.replace(str(src), "batch.cu"), time.perf_counter() - start
+    flags = list(toolchain.extension_flags())
+    return toolchain.compile_source(source, "batch.cu", flags, timeout, memory_mb=24 << 10)
 
 
 def build_batch(

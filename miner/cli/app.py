@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from miner.cli import curate, mine, verify
-from miner.cli.common import err, out
+from miner.cli.common import fail, out
 
 
 class _OneLineErrors(TyperGroup):
@@ -33,11 +33,10 @@ class _OneLineErrors(TyperGroup):
                 out.print(ctx.get_help() if ctx else str(exc))
                 sys.exit(0)
             if kind == "Abort":
-                err.print("[red]error:[/red] aborted", highlight=False)
+                fail("aborted")
                 sys.exit(130)
             if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-                message = " ".join(exc.format_message().split())
-                err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+                fail(" ".join(exc.format_message().split()))
                 sys.exit(exc.exit_code)
             raise
         # without standalone mode click hands back the code of typer.Exit instead of exiting

@@ -19,7 +19,9 @@ from miner.cli.common import (
     LlmOpt,
     ModelOpt,
     WorkdirOpt,
+    bounded,
     fail,
+    listening_socket,
     llm_mode,
     open_store,
     out,
@@ -80,7 +82,9 @@ def serve(
     workdir: WorkdirOpt = None,
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[
+        int, typer.Option(help="Port to listen on.", callback=bounded(1, 65535))
+    ] = 8000,
     public_read: Annotated[
         bool, typer.Option("--public-read", help="Let anyone read; writes still need a curator.")
     ] = False,
@@ -91,9 +95,20 @@ def serve(
     from curation.server import create_app
 
     store = open_store(workdir, db)
+    try:  # bound before the app adds its tables: a refused address leaves the store as it was
+        sock = listening_socket(host, port)
+    except typer.Exit:
+        store.close()
+        raise
     app = create_app(store, public_read=public_read, workdir=(workdir or Path(".")).resolve())
     out.print(f"kminer review on http://{host}:{port}/", highlight=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn.run's behaviour: Ctrl-C ends the server quietly
+        pass
+    finally:
+        sock.close()
 
 
 def export(
@@ -139,6 +154,14 @@ def export(
         ),
     ] = None,
     shard_rows: Annotated[int, typer.Option(help="Rows per Parquet shard.")] = 1000,
+    include_overrides: Annotated[
+        bool,
+        typer.Option(
+            "--include-overrides",
+            help="Also export rows a curator accepted without a GPU pass with every wrong "
+            "variant killed (`verification`: override); left out by default.",
+        ),
+    ] = False,
     llm: LlmOpt = None,
     model: ModelOpt = None,
     llm_base_url: BaseUrlOpt = None,
@@ -147,6 +170,7 @@ def export(
     """Export accepted candidates as a Hugging Face dataset folder (Parquet, card, JSONL)."""
     from curation.export import ExportError, Options
     from curation.export import export as run_export
+    from miner.cli.common import say
 
     sources = {}
     for item in source or []:
@@ -173,19 +197,19 @@ def export(
         shard_rows=max(1, shard_rows),
         describe_with=describe_with,
         max_attempts=max_attempts,
+        include_overrides=include_overrides,
     )
-    try:
-        report = run_export(opts, progress=lambda line: out.print(line, highlight=False))
-    except (ExportError, FileNotFoundError) as exc:
+    try:  # an empty export is an ExportError too: OUT is left as it was, the line says why
+        report = run_export(opts, progress=say)
+    except ExportError as exc:
         raise fail(str(exc)) from None
+    except OSError as exc:  # a missing --exclude source, a folder that cannot be written
+        raise fail(f"export failed, {out_dir} left as it was: {exc}") from None
     dropped = ", ".join(f"{k} {n}" for k, n in report["dropped"].items()) or "none"
-    out.print(
+    say(
         f"{report['rows']} rows exported to {out_dir} from {report['accepted']} accepted "
-        f"(left out: {dropped}) in {report['seconds']:.1f} s",
-        highlight=False,
+        f"(left out: {dropped}) in {report['seconds']:.1f} s"
     )
-    if report["rows"] == 0:
-        raise fail(f"nothing exported: see {out_dir}/export_report.json")
 
 
 def publish(
@@ -213,6 +237,7 @@ def publish(
         url = push(folder, repo_id, private=private, revision=revision)
     except PublishError as exc:
         raise fail(str(exc)) from None
-    except Exception as exc:  # the Hub's errors: one line
-        raise fail(f"publish failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
-    out.print(f"published {folder} to {url}", highlight=False)
+    except Exception as exc:  # the Hub's errors, an unreadable shard: one line
+        first = (str(exc).splitlines() or [""])[0]
+        raise fail(f"publish failed: {type(exc).__name__}: {first}") from None
+    out.print(f"published {folder} to {url}", highlight=False, markup=False)

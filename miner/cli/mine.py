@@ -30,16 +30,20 @@ from miner.cli.common import (
     ModelOpt,
     RedoOpt,
     WorkdirOpt,
+    bounded,
     fail,
     llm_factory,
     llm_mode,
     open_store,
     out,
+    path_problem,
     print_funnel,
     run_and_report,
     setup_logging,
 )
-from miner.gitsafe import redact
+from miner.clone import check_ref
+from miner.errors import BadInput
+from miner.gitsafe import redact, validate_source
 from miner.pipeline import run
 from miner.stage import MINE_STAGES, RunConfig, Stage
 from miner.stats import failures as list_failures
@@ -61,8 +65,23 @@ def pipeline(names: tuple[str, ...]) -> list[Stage]:
 
 
 def _default_workdir(repo: str) -> Path:
+    repo = redact(repo)  # a token must not become a folder name
     name = re.sub(r"\.git$", "", repo.rstrip("/").split("/")[-1].split(":")[-1]) or "repo"
     return Path("runs") / re.sub(r"[^\w.-]", "_", name)
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    """`--stages` as names, each a known stage and named once; refused as a bad option value."""
+    chosen = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not chosen:
+        raise fail(f"--stages {text!r} names no stage; choose from {', '.join(MINE_STAGES)}", 2)
+    unknown = [s for s in chosen if s not in MINE_STAGES]
+    if unknown:
+        raise fail(f"unknown stage {unknown[0]!r}; choose from {', '.join(MINE_STAGES)}", 2)
+    twice = sorted({s for s in chosen if chosen.count(s) > 1})
+    if twice:
+        raise fail(f"--stages names {', '.join(twice)} more than once", 2)
+    return chosen
 
 
 def _run_stages(cfg: RunConfig, command: str, as_json: bool, clone: bool = False) -> None:
@@ -79,7 +98,12 @@ def mine(
     repo: Annotated[str | None, typer.Argument(help="URL, git dir or folder.")] = None,
     workdir: WorkdirOpt = None,
     ref: Annotated[str | None, typer.Option(help="Branch, tag or commit.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel compiles.")] = 0,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs", "-j", help="Parallel compiles (0: one per CPU).", callback=bounded(0)
+        ),
+    ] = 0,
     filter: FilterOpt = None,
     stages: Annotated[
         str,
@@ -87,8 +111,12 @@ def mine(
     ] = ",".join(MINE_STAGES),
     redo: RedoOpt = False,
     submodules: Annotated[bool, typer.Option(help="Also fetch submodules.")] = False,
-    max_file_kb: Annotated[int, typer.Option(help="Skip source files larger than this.")] = 2048,
-    compile_timeout: Annotated[float, typer.Option(help="Seconds per nvcc call.")] = 600.0,
+    max_file_kb: Annotated[
+        int, typer.Option(help="Skip source files larger than this.", callback=bounded(1))
+    ] = 2048,
+    compile_timeout: Annotated[
+        float, typer.Option(help="Seconds per nvcc call.", callback=bounded(0, above=True))
+    ] = 600.0,
     llm: LlmOpt = None,
     model: ModelOpt = None,
     llm_base_url: BaseUrlOpt = None,
@@ -101,11 +129,17 @@ def mine(
     """Mine every CUDA kernel of REPO into standalone compile units and built labels."""
     if repo is None:
         raise fail("missing REPO (a git URL, a git dir or a folder)", 2)
-    chosen = tuple(s.strip() for s in stages.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in MINE_STAGES]
-    if unknown:
-        raise fail(f"unknown stage {unknown[0]!r}; choose from {', '.join(MINE_STAGES)}", 2)
-    workdir = workdir or _default_workdir(repo)
+    chosen = parse_stages(stages)
+    try:  # refused before the workdir is touched; fetch_repo checks again
+        validate_source(repo)
+        check_ref(ref)
+    except BadInput as exc:
+        raise fail(str(exc)) from None
+    if workdir is None:  # the option's own check has not seen this one
+        workdir = _default_workdir(repo)
+        if problem := path_problem(workdir, directory=True):
+            raise fail(f"{problem}; pick a --workdir", 2)
+    mode = llm_mode(llm, llm_base_url)
     setup_logging(workdir)
     cfg = RunConfig(
         repo=repo,
@@ -119,7 +153,7 @@ def mine(
         db_url=db,
         max_file_bytes=max_file_kb * 1024,
         compile_timeout=compile_timeout,
-        llm=llm_mode(llm, llm_base_url),
+        llm=mode,
         model=model,
         llm_base_url=llm_base_url,
         max_attempts=max_attempts,
@@ -142,6 +176,7 @@ def wrap(
 ) -> None:
     """Give mined kernels a host wrapper + binding (mined launcher, rule, or LLM)."""
     workdir = workdir or Path(".")
+    mode = llm_mode(llm, llm_base_url)
     setup_logging(workdir)
     cfg = RunConfig(
         repo="",
@@ -150,7 +185,7 @@ def wrap(
         filter=filter,
         redo=redo,
         db_url=db,
-        llm=llm_mode(llm, llm_base_url),
+        llm=mode,
         model=model,
         llm_base_url=llm_base_url,
         max_attempts=max_attempts,
@@ -196,6 +231,7 @@ def testgen(
 ) -> None:
     """Give built labels a CPU reference, test cases, wrong variants and a standalone test."""
     workdir = workdir or Path(".")
+    mode = llm_mode(llm, llm_base_url)
     setup_logging(workdir)
     cfg = RunConfig(
         repo="",
@@ -204,7 +240,7 @@ def testgen(
         filter=filter,
         redo=redo,
         db_url=db,
-        llm=llm_mode(llm, llm_base_url),
+        llm=mode,
         model=model,
         llm_base_url=llm_base_url,
         max_attempts=max_attempts,

@@ -24,6 +24,7 @@ from miner.cli.common import (
     JsonOpt,
     RedoOpt,
     WorkdirOpt,
+    bounded,
     err,
     fail,
     open_store,
@@ -31,11 +32,14 @@ from miner.cli.common import (
     run_guarded,
     say,
     setup_logging,
+    usable_file,
 )
 from miner.pipeline import run
 from miner.stage import RunConfig
 
-OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="The .tar.gz to write.")]
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", "-o", help="The .tar.gz to write.", callback=usable_file)
+]
 
 
 def _candidates(workdir: Path | None, db: str | None, filter: str | None = None):
@@ -144,15 +148,23 @@ def has_gpu() -> bool:
 
 def verify(
     workdir: WorkdirOpt = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel builds (0: auto).")] = 0,
-    gpu_jobs: Annotated[int, typer.Option("--gpu-jobs", help="Parallel GPU runs (0: 1/GPU).")] = 0,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Parallel builds (0: auto).", callback=bounded(0))
+    ] = 0,
+    gpu_jobs: Annotated[
+        int, typer.Option("--gpu-jobs", help="Parallel GPU runs (0: 1/GPU).", callback=bounded(0))
+    ] = 0,
     only: Annotated[
         list[str] | None, typer.Option("--only", help="Candidate ids (repeat or comma-separate).")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Keep the results of the last run.")] = False,
     rebuild: Annotated[bool, typer.Option(help="Ignore cached build verdicts.")] = False,
-    build_timeout: Annotated[float, typer.Option(help="Seconds per build.")] = 900.0,
-    run_timeout: Annotated[float, typer.Option(help="Seconds per GPU run.")] = 180.0,
+    build_timeout: Annotated[
+        float, typer.Option(help="Seconds per build.", callback=bounded(0, above=True))
+    ] = 900.0,
+    run_timeout: Annotated[
+        float, typer.Option(help="Seconds per GPU run.", callback=bounded(0, above=True))
+    ] = 180.0,
     filter: FilterOpt = None,
     redo: RedoOpt = False,
     db: DbOpt = None,
@@ -162,7 +174,14 @@ def verify(
     from testgen.verify_stage import Verify
 
     workdir = (workdir or Path(".")).resolve()
-    _, _, cands = _candidates(workdir, db, filter)
+    ids = tuple(i.strip() for item in only or [] for i in item.split(",") if i.strip())
+    if only is not None and not ids:
+        raise fail("--only names no candidate id", 2)
+    _, _, every = _candidates(workdir, db)
+    unknown = sorted(set(ids) - {c.id for c in every})
+    if unknown:
+        raise fail(f"--only: no candidate in {workdir} has the id {', '.join(unknown)}", 2)
+    cands = [c for c in every if c.matches(filter)]
     _with_tests(workdir, cands)
     if not has_gpu():
         raise fail(
@@ -171,7 +190,6 @@ def verify(
             f"`kminer ingest --workdir {workdir} results.json`",
             2,
         )
-    ids = tuple(i for item in only or [] for i in item.split(",") if i)
     stage = Verify(jobs, gpu_jobs, resume, rebuild, build_timeout, run_timeout, ids, echo=_echo)
     cfg = RunConfig(
         repo="", workdir=workdir, stages=("verify",), filter=filter, redo=redo, db_url=db

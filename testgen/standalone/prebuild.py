@@ -16,26 +16,24 @@ whose verdict is the one that counts. Travels in the bundle beside run.py with `
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 try:  # in kminer
-    from miner import toolchain
+    from miner import sandbox, toolchain
     from wrappers.batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
 except ImportError:  # in a bundle: beside run.py
+    import sandbox
     import toolchain
     from batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
 
 MAX_PER_BATCH = 12
-_LIVE: set[int] = set()  # process groups of running batch builds (stop() kills them)
+_LIVE: set[int] = set()  # supervisors of the batch builds under way (stop() ends them)
 _STOPPED = False
 _BUILD = """
 import sys, torch.utils.cpp_extension as ce
@@ -63,52 +61,42 @@ class Built:
 
 
 def compile_batch(members: list[tuple[str, bytes]], suffix: str, folder: Path, timeout: float):
-    """Build `members` (id, source) as one extension in `folder` in a subprocess (its own
-    process group, killed at `timeout`); the import is part of the build."""
+    """Build `members` (id, source) as one extension in `folder`, inside the execution boundary
+    (mined code: no tokens, no network, the tree ended at `timeout`); the import is part of the
+    build."""
     labels = [(cid, text.decode("latin-1")) for cid, text in members]
     source, owners = batch_source(labels, module="TORCH_EXTENSION_NAME")
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / f"batch{suffix}"
     src.write_text(source, encoding="latin-1", errors="replace")
-    env = {
-        **os.environ,
-        **toolchain.extension_env(),
-        "MAX_JOBS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    start = time.monotonic()
+    env = {**toolchain.extension_env(), "MAX_JOBS": "1"}
     argv = [sys.executable, "-c", _BUILD, folder.name, str(src), str(folder)]
-    proc = subprocess.Popen(
-        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    _LIVE.add(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc.pid)
-        proc.communicate()
-        return Built(False, f"batch build timed out after {timeout:g}s", timeout), owners
-    finally:
-        _LIVE.discard(proc.pid)
-    if _STOPPED:
+    limits = sandbox.Limits(seconds=timeout, memory_mb=24 << 10, processes=128)
+    mine: list[int] = []
+
+    def started(pid: int) -> None:
+        _LIVE.add(pid)
+        mine.append(pid)
+        if _STOPPED:
+            sandbox.stop(pid)
+
+    done = sandbox.run(argv, limits, env=env, cwd=folder, gpu=True, on_start=started)
+    _LIVE.difference_update(mine)
+    if _STOPPED or done.stopped:
         raise KeyboardInterrupt
-    log = out.decode("utf-8", errors="replace").replace(str(src), src.name)
+    if done.timed_out:
+        return Built(False, f"batch build timed out after {timeout:g}s", timeout), owners
+    log = (done.stdout + done.stderr).replace(str(src), src.name)
     log = re.sub(r"\S*/(batch\.(?:cu|cpp))\b", r"\1", log)
-    return Built(proc.returncode == 0, log, time.monotonic() - start), owners
-
-
-def _kill(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, 9)
+    return Built(done.returncode == 0, log, done.seconds), owners
 
 
 def stop() -> None:
-    """Kill the batch builds under way; prebuild() then raises KeyboardInterrupt."""
+    """End the batch builds under way; prebuild() then raises KeyboardInterrupt."""
     global _STOPPED
     _STOPPED = True
-    for pgid in list(_LIVE):
-        _kill(pgid)
+    for pid in list(_LIVE):
+        sandbox.stop(pid)
 
 
 def build_group(members, suffix, root: Path, timeout: float, compile_fn=compile_batch) -> dict:

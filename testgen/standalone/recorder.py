@@ -2,7 +2,7 @@
 
 The best inputs for a kernel are the ones its authors test it with: valid shapes, valid index
 ranges, meaningful boxes. Their tests call the extension through Python wrappers we cannot build
-here, so this script runs them (repository code: only ever inside `sandbox.run_sandboxed`, a
+here, so this script runs them (repository code: only ever inside `miner.sandbox.run`, a
 subprocess in a temp dir with a timeout) with every compiled module of the repository replaced by a
 recorder that snapshots each call's arguments. What the tests need and this machine lacks is faked:
 

@@ -35,7 +35,8 @@ Why it is shaped like this:
   is killed when the test fails one of its variants; a variant the test passes may be
   equivalent to the label (NMS's `start = tid + 1` -> `tid - 1` adds comparisons whose bits are
   never read), so the next of its kind is tried, and every variant run stays in the entry.
-  kill_rate = kinds killed / kinds with a variant that built; a kind never killed: weak_test.
+  kill_rate = kinds killed / kinds with a variant that built; a kind never killed: weak_test, and
+  so is a pass with no variant that built (its kill rate is unmeasured, null).
   So is a test with fewer valid cases or shapes than its manifest entry's min_cases/min_shapes
   (a test that sees one shape cannot tell a kernel that works for that shape only).
 """
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import datetime
 import hashlib
 import json
@@ -63,10 +63,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:  # in kminer
-    from miner import toolchain
+    from miner import sandbox, toolchain
     from testgen.standalone import prebuild
 except ImportError:  # in a bundle: beside run.py
     import prebuild
+    import sandbox
     import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
@@ -87,21 +88,17 @@ class Interrupted(Exception):
 
 
 _STOP = threading.Event()
-_LIVE: set[int] = set()  # process groups of running tests
+_LIVE: set[int] = set()  # supervisors of running tests (sandbox.stop ends each one's tree)
 _LIVE_LOCK = threading.Lock()
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+TEST_LIMITS = dict(memory_mb=32 << 10, processes=512, file_mb=8 << 10)
 
 
 def stop_all() -> None:
-    """Kill every running test's process group; no new one starts after this."""
+    """End every running test's tree; no new one starts after this."""
     with _LIVE_LOCK:
         _STOP.set()
-        for pgid in list(_LIVE):
-            _kill_group(pgid)
+        for pid in list(_LIVE):
+            sandbox.stop(pid)
 
 
 @dataclass
@@ -113,52 +110,62 @@ class Proc:
     seconds: float
     report: dict
     log: str
+    over_memory: bool = False
 
 
 def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
-    """`pytest -q -x <test>` in a fresh temp dir and process group; never raises on its behaviour.
+    """`pytest -q -x <test>` in a fresh temp dir inside the execution boundary (no tokens, no
+    network, limits, the whole tree ended at the timeout); never raises on its behaviour.
 
     pytest gets an empty ini of its own, so no `pytest.ini`/`pyproject.toml` above the bundle
     (addopts, markers) changes what runs; short tracebacks show the failing lines, not the whole
-    test's source (whose strings could look like a CUDA error); output goes to a file, not a pipe,
-    so a grandchild that keeps the pipe open cannot hang the runner."""
-    with tempfile.TemporaryDirectory(prefix="kminer-run-") as tmp:
+    test's source (whose strings could look like a CUDA error). The test may write its build
+    folder, the GPU lock's folder and its temp dir; it reads the bundle."""
+    with tempfile.TemporaryDirectory(prefix="kminer-test-") as tmp:
         work = Path(tmp)
         (work / "pytest.ini").write_text("[pytest]\n")
         report = work / "report.json"
-        env = {**os.environ, **toolchain.extension_env(), **env_extra, "KMINER_REPORT": str(report)}
+        env = {**toolchain.extension_env(), **env_extra, "KMINER_REPORT": str(report)}
         env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
         argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
         argv.append(str(test))
-        with open(work / "log.txt", "wb") as log:
-            io = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT}
-            with _LIVE_LOCK:
-                if _STOP.is_set():
-                    raise Interrupted
-                start = time.monotonic()
-                proc = subprocess.Popen(argv, cwd=tmp, env=env, start_new_session=True, **io)
-                _LIVE.add(proc.pid)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(proc.pid)  # also what the test left behind when it exited
-                proc.wait()
-                with _LIVE_LOCK:
-                    _LIVE.discard(proc.pid)
-            seconds = round(time.monotonic() - start, 3)
+        writable = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)]
+        writable += [Path(env["KMINER_GPU_LOCK"]).parent] if env.get("KMINER_GPU_LOCK") else []
+        for folder in writable:
+            folder.mkdir(parents=True, exist_ok=True)
         if _STOP.is_set():
             raise Interrupted
-        text = (work / "log.txt").read_text(errors="replace")
+
+        supervisors: list[int] = []
+
+        def started(pid: int) -> None:
+            with _LIVE_LOCK:
+                _LIVE.add(pid)
+                supervisors.append(pid)
+                if _STOP.is_set():
+                    sandbox.stop(pid)
+
+        limits = sandbox.Limits(seconds=timeout, **TEST_LIMITS)
+        done = sandbox.run(
+            argv, limits, env=env, cwd=work, writable=writable, readable=[test.parent.parent],
+            gpu=True, on_start=started,
+        )  # fmt: skip
+        with _LIVE_LOCK:
+            _LIVE.difference_update(supervisors)
+        if _STOP.is_set() or done.stopped:
+            raise Interrupted
+        raw = sandbox.read_output(report, 4 << 20) or b"{}"
         try:
-            data = json.loads(report.read_text())
-        except (OSError, ValueError):
+            data = json.loads(raw)
+        except ValueError:
             data = {}
     data = data if isinstance(data, dict) else {}
-    return Proc(None if timed_out else proc.returncode, timed_out, seconds, data, text)
+    log = done.stdout + done.stderr
+    if done.over_memory:
+        log += f"\nkminer: the test went over the memory limit ({limits.memory_mb} MiB)"
+    rc = None if done.timed_out else (-9 if done.over_memory else done.returncode)
+    return Proc(rc, done.timed_out, done.seconds, data, log, done.over_memory)
 
 
 def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
@@ -166,6 +173,8 @@ def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
     a CUDA error anywhere in the output (run phase), then the report, then the exit status."""
     if p.timed_out:
         return "timeout", f"{phase} timed out after {timeout:g}s"
+    if p.over_memory:
+        return "crash", f"{phase} went over the memory limit"
     if p.rc is not None and p.rc < 0:
         name = signal.Signals(-p.rc).name if -p.rc in signal.valid_signals() else -p.rc
         return "crash", f"{phase} killed by {name}"
@@ -359,6 +368,10 @@ class Runner:
                 outcome="weak_test",
                 detail=f"{len(valid)} valid cases over {shapes} shapes (needs {need})",
             )
+        if res["outcome"] == "pass" and not tried:  # a strength nobody measured is no strength
+            made = len(entry.get("variants") or [])
+            why = f"none of its {made} wrong variants built" if made else "no wrong variant"
+            res.update(outcome="weak_test", detail=f"{why}: its kill rate is unmeasured")
         return res
 
 
