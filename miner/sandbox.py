@@ -89,42 +89,50 @@ def run(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     writable: list[Path] = (),
+    shared: list[Path] = (),
     readable: list[Path] = (),
     gpu: bool = False,
     on_start=None,
 ) -> Result:
     """Run `argv` inside the boundary; never raises for what the code does (crash, hang, garbage
     output, a fork bomb): that is in the Result. `env` adds variables (secret-looking names are
-    dropped); `cwd` and `writable` paths stay writable, `readable` ones readable (the rest of the
-    home folders is hidden); `gpu` keeps /dev's GPUs reachable and watches resident memory.
-    `on_start(pid)` is told the supervisor's pid: `stop(pid)` ends the run from another thread."""
+    dropped); `cwd` and `writable` paths become the run's own, `shared` ones stay writable by
+    every run at once (a build folder the tests of one reference share), `readable` ones readable
+    (the rest of the home folders is hidden); `gpu` keeps /dev's GPUs reachable and watches
+    resident memory. `on_start(pid)` is told the supervisor's pid: `stop(pid)` ends the run from
+    another thread."""
     control = Path(tempfile.mkdtemp(prefix="kminer-run-"))  # the caller's: spec, output, result
     private = control / "home"  # the code's: HOME, TMPDIR
     private.mkdir()
     bwrap = _bwrap_works()
-    given = [Path(p) for p in (*writable, *([cwd] if cwd else []))]  # made the run's own
-    needed = [Path(p) for p in readable]
-    needed += [Path(a) for a in argv if str(a).startswith("/") and Path(a).exists()]
-    uid = _run_uid(needed + [p.parent for p in given], bwrap)
+    given = [Path(p).resolve() for p in (*writable, *([cwd] if cwd else []))]  # the run's own
+    given += [Path(p).resolve() for p in shared]
+    needed = [Path(p).resolve() for p in readable]
+    named = [Path(a).resolve() for a in argv if str(a).startswith("/") and Path(a).exists()]
+    needed += [p for p in named if not any(p == g or g in p.parents for g in given)]
+    hidden = _hidden([*needed, *given, *_interpreter()]) if bwrap else set()
+    uid = _run_uid(needed + [p.parent for p in given], hidden if bwrap else None)
     needed += given
     if not bwrap:
         _protect_caller()
     try:
         for path in [private, *writable, *([cwd] if cwd else [])]:
             _give(Path(path), uid)
+        for path in shared:
+            _share(Path(path), uid)
         control.chmod(0o711)  # the code may enter `home`, never read the caller's files
         spec = {
             "argv": list(argv),
             "env": _environment(env or {}, private),
             "cwd": str(cwd or private),
             "private": str(private),
-            "writable": [str(Path(p).resolve()) for p in [*writable, *([cwd] if cwd else [])]],
-            "readable": [str(p) for p in _visible(needed)],
+            "writable": [str(p) for p in given],
+            "readable": [str(p) for p in _visible(needed, hidden)],
             "gpu": gpu,
             "uid": uid,
             "limits": dataclasses.asdict(limits),
             "bwrap": bwrap,
-            "homes": list(HOMES),
+            "homes": sorted(str(h) for h in hidden),
         }
         (control / "spec.json").write_text(json.dumps(spec))
         (control / "spec.json").chmod(0o600)
@@ -136,7 +144,8 @@ def run(
 def describe() -> dict[str, str]:
     """What the boundary gives on this machine (for the notes and the run log)."""
     bwrap = _bwrap_works()
-    uid = _run_uid([Path(sys.executable)], bwrap)
+    hidden = _hidden(_interpreter()) if bwrap else set()
+    uid = _run_uid([Path(sys.executable).resolve()], hidden if bwrap else None)
     net = (
         "network namespace (bubblewrap)"
         if bwrap
@@ -155,44 +164,61 @@ def _environment(extra: dict[str, str], private: Path) -> dict[str, str]:
     return env
 
 
-def _visible(needed: list[Path]) -> list[Path]:
-    """What must stay readable under the hidden home folders: the interpreter and its libraries,
-    every import path, kminer itself, and the paths the run names."""
+def _interpreter() -> list[Path]:
+    """What any run needs readable: the interpreter and its libraries, every import path,
+    kminer itself."""
     paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)]
     paths += [Path(p) for p in sys.path if p and Path(p).exists()]
-    paths += [Path(__file__).resolve().parent, Path(sys.executable).resolve().parent, *needed]
-    out = []
+    paths += [Path(__file__).parent, Path(sys.executable).parent]
+    return [p.resolve() for p in paths]
+
+
+def _hidden(paths: list[Path]) -> set[Path]:
+    """Folders bubblewrap replaces by empty ones: the home folders (where tokens and keys live),
+    and the first folder another uid cannot enter on the way to each path the run needs (a
+    private temp dir, a home); what the run needs inside is bound back."""
+    hidden = {Path(h) for h in HOMES if Path(h).is_dir()}
     for path in paths:
-        real = path.resolve()
-        if any(real == Path(h) or Path(h) in real.parents for h in HOMES) and real.exists():
-            out.append(real)
-    return sorted(set(out))
+        for parent in reversed(path.parents):
+            if not parent.stat().st_mode & 0o001:
+                hidden.add(parent)
+                break
+    return hidden
 
 
-def _run_uid(needed: list[Path], bwrap: bool) -> int | None:
+def _under(path: Path, folders: set[Path]) -> Path | None:
+    return next((f for f in folders if f == path or f in path.parents), None)
+
+
+def _visible(needed: list[Path], hidden: set[Path]) -> list[Path]:
+    """What must stay readable under the hidden folders: the interpreter and kminer, and the
+    paths the run names."""
+    paths = [*_interpreter(), *needed]
+    return sorted({p for p in paths if p.exists() and _under(p, hidden)})
+
+
+def _run_uid(needed: list[Path], hidden: set[Path] | None) -> int | None:
     """A uid no other process uses (as root), so the run's processes can be counted, limited and
     killed as one, and own nothing on this machine. None when kminer is not root, or when a path
     the run needs is not readable by others (then the run keeps the caller's uid). Under
-    bubblewrap the home folders are replaced and the needed paths bound back, so only the path
-    below its home folder has to be readable by others."""
+    bubblewrap (`hidden` given) the hidden folders are replaced and the needed paths bound back,
+    so only the part of a path below its hidden folder has to be readable by others."""
     if os.geteuid() != 0:
         return None
+    bwrap = hidden is not None
     paths = [Path(sys.executable), Path(supervisor.__file__)] if bwrap else []  # the uid drop
     paths += needed
-    if not all(_others_can_read(p, bwrap) for p in paths):
+    if not all(_others_can_read(p, hidden or set()) for p in paths):
         return None
     return UID_BASE + (os.getpid() * 7919 + time.monotonic_ns() // 1000) % 60_000
 
 
-def _others_can_read(path: Path, bound: bool) -> bool:
-    """Whether another uid can reach and read `path`: every parent searchable (under bubblewrap,
-    only those below the home folder it is bound back from)."""
+def _others_can_read(path: Path, hidden: set[Path] = frozenset()) -> bool:
+    """Whether another uid can reach and read `path`: every parent searchable, or, under a
+    hidden folder, where bubblewrap binds the path itself on folders it makes searchable, only
+    the path."""
     path = path.resolve()
-    parents = list(path.parents)
-    if bound:
-        home = next((Path(h) for h in HOMES if Path(h) == path or Path(h) in path.parents), None)
-        if home is not None:
-            parents = [p for p in parents if home in p.parents]
+    parents = [] if _under(path, set(hidden)) else list(path.parents)
     if not all(p.stat().st_mode & 0o001 for p in parents):
         return False
     mode = path.stat().st_mode
@@ -200,13 +226,29 @@ def _others_can_read(path: Path, bound: bool) -> bool:
 
 
 def _give(path: Path, uid: int | None) -> None:
-    """Make `path` (recursively) the run's own, so its uid can write there and nowhere else."""
-    if uid is None or not path.exists() or path.is_symlink():
+    """Make the folder `path` (recursively) the run's own, so its uid can write there and
+    nowhere else (a writable file is the caller's to make writable: it may be shared)."""
+    if uid is None or not path.is_dir() or path.is_symlink():
         return
     for root, dirs, files in os.walk(path):
         os.lchown(root, uid, uid)
         for name in dirs + files:
             os.lchown(os.path.join(root, name), uid, uid)
+
+
+def _share(path: Path, uid: int | None) -> None:
+    """Make `path` writable by the group every run joins (supervisor.SHARED_GID): new files
+    inherit the group (setgid folders) and the runs' umask leaves them group-writable, so runs of
+    different uids take turns in one build folder. Nothing else on the machine has that group."""
+    if uid is None or path.is_symlink() or not path.exists():
+        return
+    items = [path]
+    if path.is_dir():
+        items += [Path(root) / name for root, dirs, files in os.walk(path) for name in dirs + files]
+    for item in items:
+        if not item.is_symlink():
+            os.lchown(item, -1, supervisor.SHARED_GID)
+            os.chmod(item, item.stat().st_mode & 0o7777 | (0o2070 if item.is_dir() else 0o060))
 
 
 @functools.cache

@@ -29,6 +29,7 @@ SECCOMP_MODE_FILTER = 2
 AUDIT_ARCH_X86_64 = 0xC000003E
 NR_SOCKET_X86_64, NR_IO_URING_SETUP = 41, 425
 AF_UNIX = 1
+SHARED_GID = 199_999  # the group of folders runs of different uids share (sandbox.UID_BASE - 1)
 
 
 def _supervise(spec_path: Path) -> int:
@@ -92,20 +93,30 @@ def _wrapped(spec: dict) -> list[str]:
     cmd = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session"]
     cmd += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     cmd += ["--unshare-user"] if os.geteuid() != 0 else []  # root needs none and drops its uid
+    if os.geteuid() == 0:  # root in the sandbox keeps no capability, but for the uid drop
+        cmd += ["--cap-drop", "ALL"]
+        if spec["uid"] is not None:  # setuid clears them all; bubblewrap still enters the cwd
+            cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            cmd += ["--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_DAC_READ_SEARCH"]
     cmd += ["--ro-bind", "/", "/", "--proc", "/proc"]
     cmd += ["--dev-bind", "/dev", "/dev"] if spec["gpu"] else ["--dev", "/dev"]
     for home in spec["homes"]:
         if Path(home).is_dir():
             cmd += ["--perms", "0755", "--tmpfs", home]
     made: set[Path] = set()
-    for path in spec["readable"]:  # the folders on the way, searchable (bubblewrap makes 0700)
+
+    def way_to(path: str) -> list[str]:  # the folders on the way, searchable (bwrap makes 0700)
+        out = []
         for parent in reversed(Path(path).parents):
             if parent not in made and any(Path(h) in parent.parents for h in spec["homes"]):
-                cmd += ["--perms", "0755", "--dir", str(parent)]
+                out += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
-        cmd += ["--ro-bind", path, path]
+        return out
+
+    for path in spec["readable"]:
+        cmd += [*way_to(path), "--ro-bind", path, path]
     for path in [spec["private"], *spec["writable"]]:
-        cmd += ["--bind", path, path]
+        cmd += [*way_to(path), "--bind", path, path]
     cmd += ["--chdir", spec["cwd"], "--"]
     if spec["uid"] is not None:  # bubblewrap ran as root; the code runs as its own uid
         cmd += [sys.executable, "-S", __file__, "--as", str(spec["uid"])]
@@ -141,9 +152,11 @@ def _child_setup(spec: dict, limits: dict):
 
 
 def _become(uid: int) -> None:
-    os.setgroups([])
+    """The run's own uid and gid, and the shared folders' group."""
+    os.setgroups([SHARED_GID])
     os.setgid(uid)
     os.setuid(uid)
+    os.umask(0o002)  # what it makes in a shared folder stays writable by the other runs
 
 
 def _own_processes() -> int:

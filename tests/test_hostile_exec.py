@@ -38,7 +38,7 @@ def _reachable_python() -> str:
     """An interpreter another uid can run: without bubblewrap, a run as root takes a uid of its
     own only when what it runs is readable by others (a pyenv under /root is not)."""
     for cand in (sys.executable, "/usr/bin/python3"):
-        if Path(cand).exists() and sandbox._others_can_read(Path(cand), bound=False):
+        if Path(cand).exists() and sandbox._others_can_read(Path(cand)):
             return cand
     pytest.fail("no interpreter readable by other users (install Debian's python3)")
 
@@ -421,6 +421,9 @@ def _hostile_runner_run(secrets, listener, tmp_path):
     text = (bundle / "results.json").read_text()
     results = json.loads(text)["entries"]
     assert not any(v in text for v in secrets.values())
+    assert "uid of its own" in json.loads(text)["sandbox"]["processes"]  # as root: not root
+    assert os.geteuid() != 0 or "UID 0 " not in results["secrets"]["log_tail"]
+    assert "UID " in results["secrets"]["log_tail"]
     assert got == [] and "NETWORK refused" in results["network"]["log_tail"]
     assert alive(mark) == [] and results["daemon"]["phase"] == "run"  # it ran, and ended
     fork = results["fork"]  # bounded by the process limit, or ended by the memory watch

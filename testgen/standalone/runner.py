@@ -130,10 +130,11 @@ def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
         argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
         argv.append(str(test))
-        writable = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)]
-        writable += [Path(env["KMINER_GPU_LOCK"]).parent] if env.get("KMINER_GPU_LOCK") else []
-        for folder in writable:
+        shared = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)]
+        for folder in shared:  # the tests of one reference take turns in its build folder
             folder.mkdir(parents=True, exist_ok=True)
+        if env.get("KMINER_GPU_LOCK"):  # the two lock files, shared by the tests of one GPU
+            shared += _lock_files(Path(env["KMINER_GPU_LOCK"]))
         if _STOP.is_set():
             raise Interrupted
 
@@ -148,7 +149,7 @@ def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
 
         limits = sandbox.Limits(seconds=timeout, **TEST_LIMITS)
         done = sandbox.run(
-            argv, limits, env=env, cwd=work, writable=writable, readable=[test.parent.parent],
+            argv, limits, env=env, cwd=work, shared=shared, readable=[test.parent.parent],
             gpu=True, on_start=started,
         )  # fmt: skip
         with _LIVE_LOCK:
@@ -166,6 +167,16 @@ def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
         log += f"\nkminer: the test went over the memory limit ({limits.memory_mb} MiB)"
     rc = None if done.timed_out else (-9 if done.over_memory else done.returncode)
     return Proc(rc, done.timed_out, done.seconds, data, log, done.over_memory)
+
+
+def _lock_files(lock: Path) -> list[Path]:
+    """The GPU lock and its turnstile, shared by the tests of one GPU (nothing else of the build
+    root is theirs)."""
+    files = [lock, Path(f"{lock}.turn")]
+    for path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+    return files
 
 
 def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
@@ -274,8 +285,7 @@ class Runner:
             if dev is not None:
                 run_env["CUDA_VISIBLE_DEVICES"] = dev
             if self.args.gpu_jobs > len(self.devices):  # tests share a GPU: timing takes it alone
-                lock = self.bundle / ".build" / f"gpu{dev if dev is not None else ''}.lock"
-                lock.parent.mkdir(parents=True, exist_ok=True)
+                lock = self.bundle / ".locks" / f"gpu{dev if dev is not None else ''}.lock"
                 run_env["KMINER_GPU_LOCK"] = str(lock)
             p = run_test(test, run_env, self.args.run_timeout)
         finally:
@@ -518,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     results["gpu"] = results["gpu"] or gpu_name
     results["torch"] = results["torch"] or toolchain.torch_version()
     results["nvcc"] = results.get("nvcc") or toolchain.nvcc_version()
+    results["sandbox"] = sandbox.describe()  # what this machine's boundary gave the tests
     runner = Runner(bundle, args, devices)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if args.prebuild and todo:
