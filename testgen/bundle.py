@@ -48,7 +48,7 @@ In this folder:
     python run.py --out results.json --resume   # go on after an interruption
 
 Options: --jobs N (parallel builds; default by cores and memory), --gpu-jobs N (parallel GPU
-runs; default one per GPU), --only ID ..., --build-timeout S, --run-timeout S, --rebuild.
+runs; default four per GPU), --only ID ..., --build-timeout S, --run-timeout S, --rebuild.
 Before the tests, run.py builds the labels, variants and references many to one extension
 (prebuild.py; --no-prebuild turns that off), and each test imports its module from there.
 Extensions are cached in .build/, so a second run builds nothing it built before.

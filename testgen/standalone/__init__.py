@@ -4,7 +4,7 @@ The runner (a bundle's `run.py`) and its batched builds go to a GPU box that has
 and pytest and nothing of kminer; the recorder and the two checkers run repository or model code
 in the sandbox. So these files import only the standard library, torch and pytest, and each
 other as siblings (`from testgen.standalone import prebuild` here, `import prebuild` beside
-run.py in a bundle). Three kminer files travel with them and keep the same rule:
+run.py in a bundle). Four kminer files travel with them and keep the same rule:
 wrappers/batching.py, miner/toolchain.py, miner/sandbox.py and miner/supervisor.py (the execution
 boundary every run of code kminer did not write goes through).
 """
