@@ -131,7 +131,7 @@ def run(
             "gpu": gpu,
             "uid": uid,
             "limits": dataclasses.asdict(limits),
-            "bwrap": bwrap,
+            "bwrap": bwrap_tool() if bwrap else "",  # the tool's path; "": none
             "homes": sorted(str(h) for h in hidden),
         }
         (control / "spec.json").write_text(json.dumps(spec))
@@ -251,10 +251,17 @@ def _share(path: Path, uid: int | None) -> None:
             os.chmod(item, item.stat().st_mode & 0o7777 | (0o2070 if item.is_dir() else 0o060))
 
 
+def bwrap_tool() -> str | None:
+    """bubblewrap: the machine's, else the one a verification bundle carries (bin/bwrap beside
+    run.py, copied from the machine that made the bundle), for a GPU box that has none."""
+    carried = Path(__file__).resolve().parent / "bin" / "bwrap"
+    return shutil.which("bwrap") or (str(carried) if os.access(carried, os.X_OK) else None)
+
+
 @functools.cache
 def _bwrap_works() -> bool:
     """Whether bubblewrap can make its namespaces here (KMINER_SANDBOX_BWRAP=0: never use it)."""
-    tool = shutil.which("bwrap")
+    tool = bwrap_tool()
     if not tool or os.environ.get("KMINER_SANDBOX_BWRAP") == "0":
         return False
     probe = [tool, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent"]

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import resource
-import shutil
 import signal
 import struct
 import subprocess
@@ -90,7 +89,7 @@ def _wrapped(spec: dict) -> list[str]:
     """bubblewrap around the code: new network, pid, ipc and uts namespaces, the root read-only,
     the home folders empty with the needed paths bound back, the private dir and the writable
     paths writable, /dev with the GPUs when asked; as root, the code then drops to its uid."""
-    cmd = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session"]
+    cmd = [spec["bwrap"], "--die-with-parent", "--new-session"]
     cmd += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     cmd += ["--unshare-user"] if os.geteuid() != 0 else []  # root needs none and drops its uid
     if os.geteuid() == 0:  # root in the sandbox keeps no capability, but for the uid drop

@@ -57,9 +57,15 @@ Each candidate's test is run in two processes (KMINER_PHASE=build, then run), th
 each wrong variant of its label: a test that passes a variant makes the outcome `weak_test`.
 Bring results.json back and read it in with testgen.bundle.ingest.
 
+Every test runs inside kminer's execution boundary (sandbox.py): no tokens in its environment,
+no network, a private temp dir, limits, a timeout that ends its whole process tree. bin/bwrap,
+when present, is the bubblewrap of the machine that made the bundle: where neither the GPU box's
+own nor that one runs, a seccomp filter refuses sockets instead of a network namespace.
+results.json's `sandbox` says what this machine gave.
+
 Layout: manifest.json, tests/<id>.py, labels/<id>.cu, references/<id>.cpp,
 variants/<id>.<n>.<kind>.cu, run.py, prebuild.py, batching.py, toolchain.py, sandbox.py,
-supervisor.py.
+supervisor.py, bin/bwrap.
 """
 
 
@@ -137,6 +143,8 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
     files["toolchain.py"] = Path(toolchain.__file__).read_bytes()
     files["sandbox.py"] = Path(sandbox.__file__).read_bytes()
     files["supervisor.py"] = Path(supervisor.__file__).read_bytes()
+    if sandbox.bwrap_tool():  # namespaces for the tests on a GPU box that has no bubblewrap
+        files["bin/bwrap"] = Path(sandbox.bwrap_tool()).read_bytes()
     root = out_path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -147,7 +155,7 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
         for name in sorted(files):
             member = tarfile.TarInfo(f"{root or 'bundle'}/{name}")
             member.size = len(files[name])
-            member.mode = 0o755 if name == "run.py" else 0o644
+            member.mode = 0o755 if name in ("run.py", "bin/bwrap") else 0o644
             tar.addfile(member, io.BytesIO(files[name]))
     return info
 

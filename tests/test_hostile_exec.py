@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -484,6 +486,34 @@ except OSError:
 """
     done = sandbox.run([PY, "-c", code], sandbox.Limits(120), gpu=True)
     assert "OUT" in done.stdout and got == [] and alive(mark) == []
+
+
+def test_a_bundle_carries_bubblewrap_to_a_box_without_it(contained, listener, tmp_path):
+    """A GPU box without bubblewrap uses the one the bundle carries (bin/bwrap beside run.py)."""
+    from test_runner import _candidates
+
+    from testgen.bundle import write_bundle
+
+    info = write_bundle(tmp_path / "work", _candidates(tmp_path / "work"), tmp_path / "v.tar.gz")
+    with tarfile.open(info.path) as tar:
+        tar.extractall(tmp_path / "box", filter="data")
+    bundle = tmp_path / "box" / "v"
+    assert os.access(bundle / "bin" / "bwrap", os.X_OK)
+    port, got = listener
+    code = (
+        "import json, socket, sys; sys.path.insert(0, sys.argv[1]); import sandbox\n"
+        "print('TOOL', sandbox.bwrap_tool()); print('SAYS', json.dumps(sandbox.describe()))\n"
+        f"code = 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3)'\n"
+        "done = sandbox.run([sys.executable, '-c', code], sandbox.Limits(30))\n"
+        "print('NET', done.returncode, done.notes)\n"
+    )
+    nobwrap = {"PATH": str(Path(sys.executable).parent)}  # no bwrap on this PATH
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(bundle)], env=nobwrap, capture_output=True, text=True
+    )
+    assert f"TOOL {bundle / 'bin' / 'bwrap'}" in proc.stdout, proc.stderr
+    assert "network namespace (bubblewrap)" in proc.stdout
+    assert "NET 1 ['bwrap'" in proc.stdout and got == []
 
 
 def test_describe_says_what_this_machine_gives(mode):

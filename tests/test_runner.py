@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from miner import toolchain
+from miner import sandbox, toolchain
 from testgen.standalone import runner
 
 ROOT = Path(__file__).parent.parent
@@ -479,9 +479,11 @@ def test_write_bundle_run_and_ingest(tmp_path):
         assert run_py_member.mode == 0o755
         assert tar.extractfile(run_py_member).read() == RUNNER.read_bytes()
         tar.extractall(tmp_path / "box", filter="data")
+    carried = ["verify/bin/bwrap"] if sandbox.bwrap_tool() else []  # bubblewrap for the GPU box
     assert names == [
         "verify/README.txt",
         "verify/batching.py",
+        *carried,
         "verify/labels/a.cu",
         "verify/labels/b.cu",
         "verify/labels/c.cu",

@@ -152,7 +152,7 @@ def verify(
         int, typer.Option("--jobs", "-j", help="Parallel builds (0: auto).", callback=bounded(0))
     ] = 0,
     gpu_jobs: Annotated[
-        int, typer.Option("--gpu-jobs", help="Parallel GPU runs (0: 4 per GPU).", callback=bounded(0))
+        int, typer.Option("--gpu-jobs", help="Parallel GPU runs (0: 4/GPU).", callback=bounded(0))
     ] = 0,
     only: Annotated[
         list[str] | None, typer.Option("--only", help="Candidate ids (repeat or comma-separate).")
