@@ -7,14 +7,14 @@
 set -u
 OUT=${OUT:-$PWD/gpu-boundary-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-what=" $* "
-describe() { python3 -c "import json; from miner import sandbox; print(json.dumps(sandbox.describe()))"; }
+what=" $* "  # (bundles run with what they carry, not this checkout's miner/)
+describe() { PYTHONPATH=$PWD python3 -c "import json; from miner import sandbox; print(json.dumps(sandbox.describe()))"; }
 { id; python3 -V; command -v python3 bwrap; nproc; nvidia-smi -L; uname -r; describe; } >"$OUT/env.txt" 2>&1
 gpu_tests() {  # $1: the name of this pass, then the test files (default: boundary and runner)
   local name=$1 files=("${@:2}")
   [ ${#files[@]} = 0 ] && files=(tests/test_hostile_exec.py tests/test_runner.py)
-  python3 -m pytest -q -p no:cacheprovider -m gpu -rA "${files[@]}" >"$OUT/gpu_tests_$name.txt" 2>&1
+  PYTHONPATH=$PWD python3 -m pytest -q -p no:cacheprovider -m gpu -rA "${files[@]}" \
+    >"$OUT/gpu_tests_$name.txt" 2>&1
   echo "gpu tests ($name): exit $?" >>"$OUT/env.txt"
 }
 bundles() {  # $1: the name of this pass

@@ -252,10 +252,11 @@ def _share(path: Path, uid: int | None) -> None:
 
 
 def bwrap_tool() -> str | None:
-    """bubblewrap: the machine's, else the one a verification bundle carries (bin/bwrap beside
-    run.py, copied from the machine that made the bundle), for a GPU box that has none."""
-    carried = Path(__file__).resolve().parent / "bin" / "bwrap"
-    return shutil.which("bwrap") or (str(carried) if os.access(carried, os.X_OK) else None)
+    """bubblewrap: the machine's, else the one a verification bundle carries (bin/bwrap, copied
+    from the machine that made the bundle; run.py names it in KMINER_BWRAP), for a GPU box that
+    has none."""
+    carried = os.environ.get("KMINER_BWRAP") or str(Path(__file__).parent / "bin" / "bwrap")
+    return shutil.which("bwrap") or (carried if os.access(carried, os.X_OK) else None)
 
 
 @functools.cache

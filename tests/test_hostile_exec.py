@@ -514,6 +514,14 @@ def test_a_bundle_carries_bubblewrap_to_a_box_without_it(contained, listener, tm
     assert f"TOOL {bundle / 'bin' / 'bwrap'}" in proc.stdout, proc.stderr
     assert "network namespace (bubblewrap)" in proc.stdout
     assert "NET 1 ['bwrap'" in proc.stdout and got == []
+    # run.py names its bubblewrap even where a kminer install shadows the bundle's sandbox.py
+    kminer = {**nobwrap, "PYTHONPATH": str(HERE.parent)}
+    argv = [sys.executable, "run.py", "--out", "r.json", "--only", "a", "--no-prebuild"]
+    done = subprocess.run(argv, cwd=bundle, env=kminer, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    said = json.loads((bundle / "r.json").read_text())
+    assert said["sandbox"]["network"] == "network namespace (bubblewrap)"
+    assert said["entries"]["a"]["outcome"] == "pass"
 
 
 def test_describe_says_what_this_machine_gives(mode):

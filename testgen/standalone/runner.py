@@ -501,6 +501,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bundle = args.bundle.resolve()
+    if (bundle / "bin" / "bwrap").is_file():  # the boundary's namespaces on a box without them
+        os.environ.setdefault("KMINER_BWRAP", str(bundle / "bin" / "bwrap"))
     try:
         manifest = load_manifest(bundle / "manifest.json")
     except ValueError as e:
