@@ -47,10 +47,12 @@ class RecordedCall:
 
 
 def repo_test_files(repo: Path) -> list[Path]:
-    """The repository's pytest files (tests/**/test_*.py and *_test.py), in a stable order."""
+    """The repository's test files, in a stable order: pytest's (test_*.py, *_test.py) and
+    those written as scripts (test.py, testcuda.py, *_tests.py: the recorder runs a file with no
+    pytest tests as `__main__`)."""
     found = {
         p
-        for pattern in ("test_*.py", "*_test.py")
+        for pattern in ("test*.py", "*_test.py", "*_tests.py")
         for p in repo.rglob(pattern)
         if p.is_file() and ".git" not in p.parts
     }

@@ -34,6 +34,7 @@ from miner.linearize import Linearizer
 from miner.repo_model import Discovery
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
 from wrappers.signature import Signature, parse_signature
 
@@ -294,6 +295,8 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
     )
     prov = cand.provenance
+    modern = modernize(cpu_includes(closure), [body, code], cuda=False)
+    body, code = modern.codes
     return (
         f"// kminer reference {cand.id}: {cpu} ({loc.mechanism}) for {loc.exposed.name}\n"
         f"// from {prov.repo_url} @ {prov.commit[:12]}  {loc.cpu.file}:{loc.cpu.line}  "
@@ -301,8 +304,9 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         "// Build: torch.utils.cpp_extension.load(name, sources=[this file]), CPU only. "
         "`reference` takes\n// the arguments of the label's first function, in its order. "
         "-DKMINER_BATCH leaves out the module.\n"
-        "#include <torch/extension.h>\n"
-        + "".join(f"{ln}\n" for ln in cpu_includes(closure))
+        + "".join(f"{ln}\n" for ln in header_lines(modern.rewrites))
+        + "#include <torch/extension.h>\n"
+        + "".join(f"{ln}\n" for ln in modern.includes)
         + f"// kminer-label-body-begin\n{body.rstrip()}\n\n{code}"
         f'void kminer_bind(pybind11::module_& m) {{ m.def("reference", {target}); }}\n'
         "// kminer-label-body-end\n\n#ifndef KMINER_BATCH\n"

@@ -14,6 +14,7 @@ import jinja2
 
 from miner.unit import drop_instantiations, instantiation_lines
 from prompts import HERE as PROMPTS
+from wrappers.legacy import header_lines, modernize
 
 # What a written (rule or LLM) host wrapper uses beyond torch/extension.h: the CUDA guard, the
 # current stream and C10_CUDA_CHECK. Mined wrappers bring the repository's own includes instead.
@@ -67,6 +68,10 @@ def render_label(
     host_code: str,
     functions: list[Exposed],
 ) -> Label:
+    """The label's text; code written for an old torch gets its compatibility block and lists
+    its rewrites in the header (wrappers/legacy.py)."""
+    modern = modernize(includes, [device_code, host_code])
+    includes, (device_code, host_code) = modern.includes, modern.codes
     text = (
         environment()
         .get_template("label.cu.j2")
@@ -84,6 +89,7 @@ def render_label(
             device_code=device_code.rstrip(),
             host_code=host_code.rstrip(),
             functions=functions,
+            legacy=header_lines(modern.rewrites),
         )
     )
     return Label(text, strategy, functions)

@@ -1,0 +1,175 @@
+"""Extensions written for an old torch (THC, `.type()` dispatch, AT_CHECK) build on today's,
+without editing the mined kernel; and a 2018-style repository's script tests give inputs.
+
+The fixture `legacyrepo` is such a repository: a `setup.py` that builds `_ext` through a
+variable (`extension = CUDAExtension`), a CUDA file with THC's state, allocator, cuBLAS wrapper
+and checks, a CPU twin with `.type()` dispatch, and `testcuda.py`, checks run as a script.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, needs_nvcc
+
+from wrappers.legacy import COMPAT_CPU, COMPAT_CUDA, header_lines, modernize
+
+LEGACY = FIXTURES / "legacyrepo"
+MODERN_INCLUDES = ["#include <ATen/ATen.h>", "#include <THC/THCAtomics.cuh>"]
+MODERN_CODE = (
+    "at::Tensor f(const at::Tensor& x) {\n"
+    '  TORCH_CHECK(x.type().is_cuda(), "cuda");\n'
+    '  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "f", [&] { k<<<1, 1>>>(x.data_ptr()); });\n'
+    "  return x;\n}\n"
+)
+
+
+def test_code_of_today_is_left_byte_for_byte():
+    """THCAtomics.cuh still ships with torch, and `.type().is_cuda()` still works: no block."""
+    done = modernize(MODERN_INCLUDES, [MODERN_CODE, ""])
+    assert done.includes == MODERN_INCLUDES and done.codes == [MODERN_CODE, ""]
+    assert done.rewrites == [] and header_lines(done.rewrites) == []
+
+
+def test_old_code_gets_the_blocks_and_every_rewrite_is_listed():
+    includes = [
+        "#include <ATen/ATen.h>",
+        "#include <THC/THC.h>",
+        '  #include "THC/THCDeviceUtils.cuh"',
+    ]
+    code = (
+        "extern THCState *state;\n"
+        "at::Tensor f(const at::Tensor& x) {\n"
+        '  AT_CHECK(x.numel() > 0, "empty");\n'
+        '  AT_DISPATCH_FLOATING_TYPES(x.type(), "f", [&] {});\n'
+        "  THCudaBlas_Sgemm(state, 'n', 'n', 1, 1, 1, 1.f, 0, 1, 0, 1, 0.f, 0, 1);\n"
+        "  return x;\n}\n"
+    )
+    done = modernize(includes, [code, "void g() {}"])
+    assert done.includes == ["#include <ATen/ATen.h>", COMPAT_CPU, COMPAT_CUDA]
+    assert done.codes[0].startswith("THCState *state = kminer_thc_state();\n")
+    assert done.codes[1] == "void g() {}"
+    assert done.rewrites == [
+        "dropped #include <THC/THC.h>",
+        'dropped #include "THC/THCDeviceUtils.cuh"',
+        "extern THCState *state -> defined here (as nullptr)",
+        "compat block for AT_CHECK, x.type() dispatch",
+        "compat block for THC (state, streams, malloc, cuBLAS, checks)",
+    ]
+    assert header_lines(done.rewrites)[0].startswith("// kminer: legacy torch API")
+
+
+def test_lazy_init_cuda_as_the_state_is_rewritten_and_a_defined_state_kept():
+    code = "THCState *state = at::globalContext().lazyInitCUDA();\nextern THCState *state;\n"
+    done = modernize([], [code])
+    assert done.codes == ["THCState *state = kminer_thc_state();\nextern THCState *state;\n"]
+    assert done.rewrites[0] == "lazyInitCUDA() as THCState -> kminer_thc_state() (1x)"
+    assert COMPAT_CUDA in done.includes
+
+
+def test_a_repository_defining_thc_names_itself_keeps_its_own():
+    """Without a THC header, THCCeilDiv is the repository's: the CUDA block would redefine it."""
+    code = "template <typename T> T THCCeilDiv(T a, T b) { return (a + b - 1) / b; }\n"
+    assert modernize(["#include <ATen/ATen.h>"], [code]).rewrites == []
+
+
+def test_a_cpu_reference_gets_the_cpu_block_only():
+    code = 'void f(at::Tensor x) { AT_DISPATCH_ALL_TYPES(x.type(), "f", [&] {}); }'
+    done = modernize(["#include <THC/THC.h>"], [code], cuda=False)
+    assert done.includes == [COMPAT_CPU] and COMPAT_CUDA not in done.includes
+
+
+def test_script_tests_of_a_top_level_extension_are_recorded(tmp_path):
+    """`testcuda.py` has no pytest tests: it runs as `__main__`, each statement going on after
+    a failure; `import _ext as _backend` is the extension setup.py builds, so it records."""
+    from testgen.inputs import record_repo_calls, repo_test_files
+
+    repo = tmp_path / "repo"
+    shutil.copytree(LEGACY, repo)
+    assert repo_test_files(repo) == [repo / "testcuda.py"]
+    calls = record_repo_calls(repo, tmp_path / "cache")
+    scale = [
+        (tuple(c.args[0].shape), str(c.args[0].dtype), c.args[1]) for c in calls["scale_forward"]
+    ]
+    assert scale == [
+        ((2, 300), "torch.float32", 3.0),
+        ((517,), "torch.float64", -0.5),
+        ((3, 33), "torch.float32", 0.25),  # the loop's two rounds, after failed statements
+        ((64, 33), "torch.float32", 0.25),
+    ]
+    assert [tuple(a.shape) for a in calls["linear_forward"][0].args] == [(5, 7), (7, 3), (3,)]
+
+
+def _git(repo: Path) -> None:
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "legacy"]):
+        subprocess.run(
+            ["git", "-c", "user.email=k@m", "-c", "user.name=k", *argv], cwd=repo, check=True
+        )
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_a_legacy_repository_mines_to_tests_on_todays_torch(tmp_path):
+    """Labels build with the compatibility block, the CPU twins are references, and the script
+    test gives each op its cases."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from miner.cli.app import app
+
+    repo = tmp_path / "repo"
+    shutil.copytree(LEGACY, repo)
+    _git(repo)
+    wd = tmp_path / "wd"
+    res = CliRunner().invoke(app, ["mine", str(repo), "--workdir", str(wd), "--llm", "none"])
+    assert res.exit_code == 0, res.output
+    listed = CliRunner().invoke(app, ["candidates", "--workdir", str(wd), "--json"])
+    rows = {r["kernel"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert set(rows) == {"scale_kernel", "add_rows_kernel"}
+    for row in rows.values():
+        assert row["stages"]["build"]["status"] == "ok", row["stages"]["build"]
+        testgen = row["stages"]["testgen"]
+        assert (testgen["status"], testgen["reference_kind"], testgen["cases_source"]) == (
+            "ok",
+            "cpp",
+            "mined",
+        )
+    label = (wd / rows["add_rows_kernel"]["label"]).read_text()
+    assert "//   dropped #include <THC/THC.h>" in label
+    assert "THCState *state = kminer_thc_state();" in label
+    assert "\n#include <THC/THC.h>" not in label
+    assert "__global__ void add_rows_kernel" in label  # the kernel itself as the repository has it
+
+
+@pytest.mark.gpu
+def test_the_compat_block_runs_old_host_code_on_the_gpu(tmp_path):
+    """THC's allocator, stream, cuBLAS and checks and `.type()` dispatch, on a real GPU."""
+    import torch
+    from torch.utils import cpp_extension
+
+    host = (LEGACY / "src" / "cuda" / "scale_cuda.cu").read_text()
+    includes = [ln for ln in host.splitlines() if ln.startswith("#include")]
+    code = "\n".join(ln for ln in host.splitlines() if not ln.startswith("#include"))
+    done = modernize(includes, [code])
+    source = "\n".join(
+        [
+            "#include <torch/extension.h>",
+            *done.includes,
+            done.codes[0],
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+            '  m.def("scale", &scale_forward_cuda); m.def("linear", &linear_forward_cuda);',
+            "}",
+        ]
+    )
+    (tmp_path / "legacy.cu").write_text(source)
+    module = cpp_extension.load(
+        "kminer_legacy", [str(tmp_path / "legacy.cu")], build_directory=str(tmp_path)
+    )
+    x = torch.randn(1000, device="cuda", dtype=torch.float64)
+    torch.testing.assert_close(module.scale(x, 2.5), 2.5 * x)
+    a, b, bias = (torch.randn(*s, device="cuda") for s in ((33, 17), (17, 9), (9,)))
+    torch.testing.assert_close(module.linear(a, b, bias), a @ b + bias, rtol=1e-4, atol=1e-4)
