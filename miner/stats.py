@@ -85,20 +85,58 @@ def _verification(cands: list[Candidate]) -> dict:
     return out
 
 
-def failures(store, repo_id: int | None = None) -> list[dict]:
-    repo = store.repo(repo_id)
-    rows = []
-    for c in store.candidates(repo.id if repo else None):
-        for name, r in c.stages.items():
-            if r.status.value == "error":
-                rows.append(
-                    {
-                        "id": c.id,
-                        "kernel": c.kernel.name,
-                        "file": c.kernel.file,
-                        "stage": name,
-                        "reason": r.reason.value if r.reason else "",
-                        "detail": r.detail,
-                    }
-                )
-    return rows
+# the stages a kernel passes on its way to a row (compile is a check beside it, not a gate)
+ROW_PATH = (StageName.CLOSURE, StageName.WRAP, StageName.BUILD, StageName.TESTGEN, StageName.VERIFY)
+
+
+def terminal(c: Candidate) -> tuple[str, str, str]:
+    """(stage, reason, detail) where `c` stopped on its way to a row: the first stage of the
+    row's path that did not end ok; ("row", "pass", "") for a verified pass with every wrong
+    variant killed; ("<stage>", "not_run", "") where the work has not been done yet."""
+    for name in ROW_PATH:
+        r = c.stage(name)
+        if r is None:
+            return name.value, "not_run", ""
+        if name == StageName.VERIFY and r.status == Status.OK:
+            if r.metrics.get("kill_rate") == 1.0:
+                return "row", "pass", ""
+            return name.value, "weak_test", f"kill rate {r.metrics.get('kill_rate')}"
+        if r.status != Status.OK:
+            reason = r.reason.value if r.reason else r.status.value
+            if name == StageName.WRAP and not c.launched:  # nothing of the repo runs it
+                return StageName.DISCOVER.value, "not_launched", r.detail
+            return name.value, reason, r.detail
+    return "row", "pass", ""
+
+
+def failures(store) -> dict:
+    """Every kernel of every repository in the store that is not a row, by where and why it
+    stopped (skips included): a summary by (repository, stage, reason) and the kernels."""
+    groups: Counter = Counter()
+    kernels = []
+    for repo in store.repos():
+        for c in store.candidates(repo.id):
+            stage, reason, detail = terminal(c)
+            if stage == "row":
+                continue
+            groups[(repo.url, stage, reason)] += 1
+            kernels.append(
+                {
+                    "repo": repo.url,
+                    "id": c.id,
+                    "kernel": c.kernel.name,
+                    "file": c.kernel.file,
+                    "stage": stage,
+                    "reason": reason,
+                    "detail": detail,
+                }
+            )
+    order = {name.value: i for i, name in enumerate((StageName.DISCOVER, *ROW_PATH))}
+    summary = [
+        {"repo": repo, "stage": stage, "reason": reason, "kernels": n}
+        for (repo, stage, reason), n in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99), -kv[1])
+        )
+    ]
+    kernels.sort(key=lambda k: (k["repo"], order.get(k["stage"], 99), k["reason"], k["file"]))
+    return {"by_reason": summary, "kernels": kernels}

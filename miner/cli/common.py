@@ -395,3 +395,22 @@ def _verification_rows(table: Table, stats: dict) -> None:
         counts(stats.get("verify_outcomes", {}))
         + ("" if kill is None else f"; mean kill rate {kill:.2f}"),
     )
+
+
+def print_failures(failures: dict) -> None:
+    """Where and why the kernels that are not rows stopped: counts by repository, stage and
+    reason, then each kernel."""
+    table = Table(title="kernels that are not rows")
+    for col in ("repository", "stage", "reason", "kernels"):
+        table.add_column(col)
+    for g in failures["by_reason"]:
+        table.add_row(g["repo"], g["stage"], g["reason"], str(g["kernels"]))
+    out.print(table)
+    for k in failures["kernels"]:
+        detail = " ".join((k["detail"] or "").split())[:160]
+        out.print(
+            f"{k['stage']:8} {k['reason']:18} {k['file']} {k['kernel']}: {detail}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )

@@ -37,6 +37,7 @@ from miner.cli.common import (
     open_store,
     out,
     path_problem,
+    print_failures,
     print_funnel,
     run_and_report,
     setup_logging,
@@ -281,7 +282,10 @@ def stats(
     workdir: WorkdirOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
-    failures: Annotated[bool, typer.Option(help="Also list every failure.")] = False,
+    failures: Annotated[
+        bool,
+        typer.Option(help="Also every kernel that is not a row: where it stopped and why."),
+    ] = False,
 ) -> None:
     """The funnel: found, skipped by reason, unit compiles, timings."""
     store = open_store(workdir, db)
@@ -292,8 +296,5 @@ def stats(
         out.print_json(json.dumps(data))
         return
     print_funnel(data)
-    for f in data.get("failures", []):
-        out.print(
-            f"{f['stage']:8} {f['reason']:16} {f['file']} {f['kernel']}: {f['detail']}",
-            highlight=False,
-        )
+    if failures:
+        print_failures(data["failures"])
