@@ -32,6 +32,7 @@ from miner.filemodel import Item
 from miner.includes import IncludeResolver, exists_on_system, is_torch_header
 from miner.linearize import Linearizer
 from miner.repo_model import Discovery
+from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
 from wrappers.legacy import header_lines, modernize
@@ -170,6 +171,9 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
             if cpu in refs.decls:
                 undefined.append(cpu)
             return None
+        if _only_raises(refs.body(item)):
+            reasons.append(f"{cpu} only raises: the repository has no CPU implementation")
+            return None
         steps = refs.steps(path)
         if steps is None or cpu_args is None:
             reasons.append(f"cannot read the calls from {exposed} up to {path[-1].names[0]}")
@@ -226,6 +230,20 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
     if undefined:
         return f"{undefined[0]} is declared but not defined in the repository"
     return f"no CPU function: no CPU registration, direct call or CPU twin around {exposed}"
+
+
+_RAISES = re.compile(
+    r"^(?:AT_ERROR|TORCH_CHECK_NOT_IMPLEMENTED|throw\b|std::abort|abort|exit"
+    r"|(?:TORCH_CHECK|AT_ASSERTM?|TORCH_INTERNAL_ASSERT|AT_CHECK|assert)\s*\(\s*(?:false|0)\b)"
+)
+
+
+def _only_raises(definition: str) -> bool:
+    """A CPU function that exists only to refuse (`AT_ERROR("Not implement on cpu")`)."""
+    body = blank_comments_and_strings(definition)
+    inner = body[body.find("{") + 1 : body.rfind("}")]
+    statements = [st.strip() for st in inner.split(";") if st.strip()]
+    return bool(statements) and all(_RAISES.match(st) for st in statements)
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:

@@ -235,3 +235,11 @@ def test_reference_builds_on_cpu_and_computes_the_op(refrepo, tmp_path):
     # the launcher's order: output, input, beta, alpha, n
     assert mod.reference(out, inp, 0.5, 3.0, inp.numel()) is None
     torch.testing.assert_close(out, inp * 3.0 + 0.5)
+
+
+def test_a_cpu_function_that_only_raises_is_no_reference(refrepo, tmp_path):
+    """Deformable-DETR's CPU functions are `AT_ERROR("Not implement on cpu")`: a test against one
+    could only crash, so the twin is refused with a reason."""
+    cand = candidate(refrepo, "stub_square_kernel")
+    reason = find_reference(cand, REFREPO, tmp_path, refrepo[3])
+    assert reason == "stub_square_cpu only raises: the repository has no CPU implementation"
