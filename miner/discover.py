@@ -49,6 +49,7 @@ def discover(root: Path, max_bytes: int | None = None, on_file=None) -> Discover
     for rel, model in models.items():
         for kdef in model.kernels:
             disc.kernels.append(_found(model, kdef))
+        model.excluded_spans = _outside_defines(model)  # a macro's text is no declaration
         disc.declarations += sum(
             1
             for it in model.items
@@ -68,6 +69,15 @@ def discover(root: Path, max_bytes: int | None = None, on_file=None) -> Discover
     disc.launches = find_launch_sites(disc)
     disc.kernels.sort(key=lambda k: (k.file, k.line, k.kdef.name))
     return disc
+
+
+def _outside_defines(model: FileModel) -> list:
+    """The model's excluded spans (declarations, instantiations) that are not inside a
+    `#define`: `#define HEAD(name) __global__ void name(float* x)` declares nothing until used."""
+    if "define" not in model.code:
+        return model.excluded_spans
+    defines = [(m.start(), m.end()) for m in DEFINE_LINE.finditer(model.code)]
+    return [x for x in model.excluded_spans if not any(a <= x[0] < b for a, b in defines)]
 
 
 def _found(model: FileModel, kdef: KernelDef, **kw) -> FoundKernel:

@@ -135,6 +135,11 @@ def find_launch_sites(disc: Discovery) -> dict[int, list[LaunchSite]]:
         if not hits:
             continue
         own = [(k.start, k.end, k.name) for k in model.kernels]
+        own += [  # a kernel stamped by a macro: its invocation names it, and is no launch
+            (k.kdef.start, k.kdef.end, k.kdef.name)
+            for k in disc.kernels
+            if k.file == rel and k.from_macro
+        ]
         own += model.excluded_spans
         functions = sorted(
             (it.start, it.end, it.names[0] if it.names else "")

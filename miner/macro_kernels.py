@@ -67,6 +67,14 @@ def expand(macro: KernelMacro, args: list[str]) -> str:
             break
         mapping[p] = args[i] if i < len(args) else ""
     body = macro.body
+    variadic = next((k for k in mapping if k == "__VA_ARGS__" or f"{k}..." in params), None)
+    if variadic is not None and not mapping[variadic].strip():  # no variadic arguments given
+        body = re.sub(rf",\s*##\s*{variadic}\b", "", body)  # GNU: `, ##__VA_ARGS__` drops the comma
+    body = re.sub(  # C++20: __VA_OPT__(x) is x when variadic arguments were given
+        r"__VA_OPT__\s*\(([^()]*)\)",
+        lambda m: m.group(1) if variadic is not None and mapping[variadic].strip() else "",
+        body,
+    )
     body = re.sub(
         r"(?<!#)#\s*([A-Za-z_]\w*)",
         lambda m: '"' + mapping[m.group(1)] + '"' if m.group(1) in mapping else m.group(0),
@@ -102,8 +110,27 @@ def find_invocations(
             continue
         macro = macros[m.group(1)]
         args = split_args(text[open_paren + 1 : close])
-        out.append(Expansion(macro, rel, m.start(), close + 1, expand(macro, args)))
+        expanded, end = expand(macro, args), close + 1
+        body = _body_after(code, end) if not expanded.rstrip().endswith(("}", ";")) else None
+        if body is not None:  # `KERNEL_HEAD(name, ...) { body }`: the macro gives the head only
+            expanded, end = expanded.rstrip() + " " + text[body[0] : body[1]], body[1]
+        out.append(Expansion(macro, rel, m.start(), end, expanded))
     return out
+
+
+def _body_after(code: str, at: int) -> tuple[int, int] | None:
+    """The span of the `{...}` block right after `at` (only blanks between), if there is one."""
+    start = at
+    while start < len(code) and code[start] in " \t\r\n":
+        start += 1
+    if start >= len(code) or code[start] != "{":
+        return None
+    depth = 0
+    for j in range(start, min(len(code), start + 200_000)):
+        depth += {"{": 1, "}": -1}.get(code[j], 0)
+        if depth == 0:
+            return start, j + 1
+    return None
 
 
 _INVOCATION = re.compile(r"\s*([A-Za-z_]\w*)\s*\((.*)\)\s*;?\s*\Z", re.DOTALL)
