@@ -150,6 +150,9 @@ class Unit(BaseModel):
     instantiations: list[str] = Field(default_factory=list)  # dtypes the launch stub asks for
     compiled_types: list[str] = Field(default_factory=list)
     unresolved: list[str] = Field(default_factory=list)
+    # headers the closure includes that neither the repository nor this machine has (a git
+    # submodule the checkout lacks, a library not installed): left out of the unit
+    missing_headers: list[str] = Field(default_factory=list)
 
 
 class Wrapper(BaseModel):

@@ -12,6 +12,7 @@ from miner.candidate import Candidate, Dep, Reason, StageName, StageResult, Stat
 from miner.extract import Extracted, Extractor
 from miner.includes import MAX_INCLUDE_DEPTH, include_problem
 from miner.stage import Done, RunContext, Stage
+from miner.unit import missing_headers
 
 
 class Closure(Stage):
@@ -61,6 +62,7 @@ class Closure(Stage):
         cand.unit.hash = result.unit.hash
         cand.unit.needs_torch = result.unit.needs_torch
         cand.unit.instantiations = result.unit.instantiations
+        cand.unit.missing_headers = missing_headers(result.closure)
         cand.set_stage(
             self.name,
             StageResult(

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from miner.candidate import Candidate, Reason, StageName, StageResult, Status
 from miner.compile import CompileResult, cache_key, compile_unit
 from miner.stage import Done, Failed, RunContext, Stage
+from miner.unit import explain_missing
 
 
 class Compile(Stage):
@@ -85,12 +86,8 @@ def _apply(ctx: RunContext, cand: Candidate, result: CompileResult) -> None:
     logs.mkdir(exist_ok=True)
     (logs / f"{cand.id}.compile.log").write_text(result.log, encoding="utf-8")
     cand.unit.compiled_types = result.compiled_types
+    reason, detail = explain_missing(cand.unit.missing_headers, result.reason, result.detail)
     cand.set_stage(
         StageName.COMPILE,
-        StageResult(
-            status=result.status,
-            reason=result.reason,
-            detail=result.detail,
-            seconds=result.seconds,
-        ),
+        StageResult(status=result.status, reason=reason, detail=detail, seconds=result.seconds),
     )

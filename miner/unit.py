@@ -12,6 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from miner.candidate import Reason
 from miner.closure import Closure
 from miner.filemodel import FileModel, KernelDef
 from miner.includes import exists_on_system, is_torch_header
@@ -132,6 +133,21 @@ def _externals(closure: Closure, all_torch: bool = False) -> list[str]:
         inc = f"#include <{h}>"
         lines += _guarded([inc], ext.guards)
     return lines
+
+
+def missing_headers(closure: Closure) -> list[str]:
+    """Headers the closure includes that are neither in the repository nor on this machine."""
+    found = [e.header for e in closure.externals]
+    return sorted({h for h in found if not is_torch_header(h) and not exists_on_system(h)})
+
+
+def explain_missing(missing: list[str], reason, detail: str) -> tuple:
+    """(reason, detail) of a compile or build error: `missing_header` when the closure lacked
+    headers (the error is their absence, whatever the compiler says it tripped on)."""
+    if not missing or reason not in (Reason.COMPILE_ERROR, Reason.BUILD_ERROR):
+        return reason, detail
+    where = "not in the repository, not on this machine"
+    return Reason.MISSING_HEADER, f"{', '.join(missing[:3])} not found ({where}): {detail}"
 
 
 def render_host_code(closure: Closure, models: dict[str, FileModel]) -> tuple[list[str], str]:

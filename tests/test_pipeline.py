@@ -294,3 +294,27 @@ def test_llm_wrapper_through_the_pipeline_then_rerun_is_free(tmp_path):
         assert len(llm.requests) == calls  # answers come from the cache
         counts = stats(wd)["last_run"]["counts"]
         assert counts.get("llm_calls", 0) == 0 and counts["llm_cache_hits"] == 2
+
+
+ABSENT_LIB = {
+    "csrc/geom.cu": "#include <kminer_absent_linalg/Dense>\n"
+    "__global__ void norm_kernel(float* x, int n) {\n"
+    "  Linalg::Vector3f v(x[0], x[1], x[2]);\n  x[threadIdx.x] = v.norm();\n}\n"
+    "void run(float* x, int n) { norm_kernel<<<1, 32>>>(x, n); }\n",
+}
+
+
+@needs_nvcc
+def test_a_header_neither_the_repository_nor_this_machine_has_is_the_reason(tmp_path):
+    """lietorch's Eigen is a git submodule its snapshot lacks: the unit fails on `Linalg::`,
+    but what stops it is the header it could not have."""
+    repo = git_repo(tmp_path / "w", ABSENT_LIB)
+    wd = tmp_path / "run"
+    res = mine(str(repo), "--workdir", str(wd), "--stages", UNITS, "--llm", "none")
+    assert res.exit_code == 0, res.output
+    (row,) = candidates(wd)
+    compiled = row["stages"]["compile"]
+    assert (compiled["status"], compiled["reason"]) == ("error", "missing_header")
+    assert compiled["detail"].startswith(
+        "kminer_absent_linalg/Dense not found (not in the repository, not on this machine): "
+    )

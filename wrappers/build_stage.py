@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from miner import toolchain
 from miner.candidate import Candidate, Reason, StageName, StageResult, Status
 from miner.stage import RunContext, Stage
+from miner.unit import explain_missing
 from wrappers.build import BuildResult, build_batch
 from wrappers.verdicts import build_key, recalled, remember
 
@@ -71,15 +72,16 @@ def _apply(ctx: RunContext, cand: Candidate, result: BuildResult) -> None:
         logs = ctx.workdir / "logs"
         logs.mkdir(exist_ok=True)
         (logs / f"{cand.id}.build.log").write_text(result.log, encoding="utf-8")
-    reason = None
+    reason, detail = None, result.detail
     if not result.ok:
         reason = Reason.BUILD_TIMEOUT if "timed out" in result.detail else Reason.BUILD_ERROR
+        reason, detail = explain_missing(cand.unit.missing_headers, reason, detail)
     cand.set_stage(
         StageName.BUILD,
         StageResult(
             status=Status.OK if result.ok else Status.ERROR,
             reason=reason,
-            detail=result.detail,
+            detail=detail,
             seconds=result.seconds,
         ),
     )
