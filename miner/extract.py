@@ -37,14 +37,15 @@ class Extractor:
         self._reach: dict[str, set[str]] = {}
 
     def translation_unit(self, kernel: FoundKernel) -> str | None:
-        """The source file that compiles this header kernel: a launching TU if there is one."""
-        if kernel.file.endswith(TU_SUFFIXES):
-            return None
+        """The source file that compiles this kernel's file when it is not compiled alone: for a
+        header, a launching TU if there is one; for a `.cu` that another source `#include`s
+        (SparseConvNet's CUDA/*.cu inside cuda.cu), that source, whose earlier includes and
+        typedefs the kernel's code relies on. None: the kernel's file is its own TU."""
         sites = self.disc.launches.get(id(kernel.kdef), [])
         files = [s.file for s in sites if s.file.endswith(TU_SUFFIXES)]
         files += sorted(f for f in self.graph if f.endswith(TU_SUFFIXES))
         for f in dict.fromkeys(files):
-            if kernel.file in reachable(self.graph, f, self._reach):
+            if f != kernel.file and kernel.file in reachable(self.graph, f, self._reach):
                 return f
         return None
 
