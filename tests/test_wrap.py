@@ -173,6 +173,12 @@ def test_blame_attributes_errors_to_labels():
     blamed = _blame(log, {5: {"cc"}})
     assert set(blamed) == {"aa", "bb", "cc"}
     assert blamed["aa"].startswith("label.cu(12): error: identifier")
+    # an error in one label whose note points into another (an unclosed namespace): its own
+    cascade = (
+        'kminer_dd.cu(265): error: expected a "}"\n'
+        'kminer_ee.cu(3): note #3196-D: to match this "{"\n'
+    )
+    assert set(_blame(cascade, {})) == {"dd"}
 
 
 @needs_nvcc

@@ -131,10 +131,14 @@ def blame(log: str, include_owner: dict[int, set[str]]) -> dict[str, str]:
     for a, b in itertools.pairwise(starts):
         block = log[a:b]
         first = " ".join(block.splitlines()[0].split())
-        ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block))
+        # the label whose file the error is in; the notes below may point into others (a
+        # label that never closes its namespace has "to match this {" in the next one)
+        ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block.splitlines()[0]))
         m = re.match(r"batch\.(?:cu|cpp)[(:](\d+)", block)
         if m:
             ids |= include_owner.get(int(m.group(1)), set())
+        if not ids:  # an error in torch's headers: the labels its notes name
+            ids = set(re.findall(r"kminer_([0-9A-Za-z_]+?)\.cu", block))
         for cid in ids:
             blamed.setdefault(cid, re.sub(r"^\S*kminer_\w+?\.cu", "label.cu", first)[:300])
     return blamed
