@@ -36,13 +36,27 @@ class FileParser:
         self.parser = ts.Parser(LANGUAGE)
 
     def parse(self, rel: str, text: str, code: str, rewritten: RewrittenText | None) -> FileModel:
-        source = rewritten.text if rewritten else text
+        source = _blank_define_ends(rewritten.text if rewritten else text)
         tree = self.parser.parse(source.encode("latin-1"))
         model = FileModel(rel, text, code, lines=LineIndex(text))
         walker = _Walker(model, source, rewritten)
         model.events = walker.walk(tree.root_node.children, ())
         model.error_count = walker.errors
         return model
+
+
+_EMPTY_DEFINE = re.compile(
+    r"^([ \t]*#[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)([ \t]+)\n", re.MULTILINE
+)
+
+
+def _blank_define_ends(source: str) -> str:
+    """`#define ROCM_ONLY(x) ` (an empty body, then a blank) makes the grammar take the next
+    line (`#else`) as the body: the blanks move past the newline, so every offset but theirs
+    stays where it was."""
+    if "define" not in source:
+        return source
+    return _EMPTY_DEFINE.sub(lambda m: f"{m.group(1)}\n{m.group(2)}", source)
 
 
 class _Walker:

@@ -145,3 +145,20 @@ def test_torch_units_keep_light_repo_headers_only(tmp_path):
     assert "#include <ATen/cuda/detail/TensorInfo.cuh>" in text
     assert "#include <ATen/cuda/Atomic.cuh>" in text  # the light part of CUDAApplyUtils.cuh
     assert "torch/extension.h" not in text and "CUDAApplyUtils" not in text
+
+
+def test_an_empty_define_with_a_trailing_blank_keeps_the_else_branch(tmp_path):
+    """`#define ROCM_ONLY(x) ` (causal-conv1d): the grammar took the next line, `#else`, as its
+    body, and the ROCm branch (`namespace cub = hipcub;`) came into CUDA units."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "#ifndef USE_ROCM\n    #define ROCM_ONLY(x) \n#else\n    namespace cub = hipcub;\n"
+        "    #define ROCM_ONLY(x) x\n#endif\n"
+        "__global__ void k(float* x) { ROCM_ONLY(x[0] = 1;) x[1] = 2; }\n"
+    )
+    disc = discover(tmp_path)
+    res = Extractor(disc).extract(kernel(disc, "k"), "test")
+    assert "#define ROCM_ONLY(x) \n" in res.unit.text
+    assert "hipcub" not in res.unit.text and "#else" not in res.unit.text
