@@ -87,6 +87,8 @@ def _apply(ctx: RunContext, cand: Candidate, result: CompileResult) -> None:
     (logs / f"{cand.id}.compile.log").write_text(result.log, encoding="utf-8")
     cand.unit.compiled_types = result.compiled_types
     reason, detail = explain_missing(cand.unit.missing_headers, result.reason, result.detail)
+    if result.status == Status.OK and cand.kernel.templated and not cand.unit.instantiations:
+        detail = "the template itself: no concrete arguments (a traits parameter) instantiate it"
     cand.set_stage(
         StageName.COMPILE,
         StageResult(status=result.status, reason=reason, detail=detail, seconds=result.seconds),

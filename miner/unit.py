@@ -95,7 +95,8 @@ def render_unit(
     out += _body(closure.entries, models, len(out), spans)
     instantiations: list[str] = []
     if kdef.template_params and not kdef.specialization:
-        stub, instantiations = launch_stub(kdef, closure, site_args, dtypes)
+        body = models[kdef.item.file].code[kdef.start : kdef.end]
+        stub, instantiations = launch_stub(kdef, closure, site_args, dtypes, body)
         out.append(stub)
     text = "\n".join(out) + "\n"
     return RenderedUnit(
@@ -217,9 +218,10 @@ def _enum_first(type_text: str, closure: Closure) -> str | None:
 
 
 def template_arguments(
-    kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtype: str
+    kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtype: str, body: str = ""
 ) -> list[tuple[str, str, str]] | None:
-    """(kind, name, value) per template parameter for one dtype; None if it cannot be chosen."""
+    """(kind, name, value) per template parameter for one dtype; None if it cannot be chosen
+    (`body`: the kernel's code, where a traits parameter shows as `Traits::`)."""
     chosen: list[tuple[str, str, str]] = []
     dtype_given = False
     known = {n for e in closure.entries for n in e.item.names}
@@ -231,6 +233,8 @@ def template_arguments(
         if kind == "template":
             return None
         if kind == "type":
+            if re.search(rf"\b{re.escape(name)}\s*::", body):  # Ktraits::kNThreads
+                return None  # a traits class, not an element type: no dtype stands in for it
             literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
             if _INDEX_NAME.match(name):
                 value = literal or "int"
@@ -255,7 +259,11 @@ def template_arguments(
 
 
 def launch_stub(
-    kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtypes: tuple[str, ...]
+    kdef: KernelDef,
+    closure: Closure,
+    site_args: list[list[str]],
+    dtypes: tuple[str, ...],
+    body: str = "",
 ) -> tuple[str, list[str]]:
     lines = ["", f"// kminer: launch {kdef.name} for concrete types"]
     made: list[str] = []
@@ -267,7 +275,8 @@ def launch_stub(
     ns = tuple(n for n in kdef.namespace if not n.startswith("extern"))
     lines += _ns_open(ns)
     for dtype in dtypes:
-        args = template_arguments(kdef, closure, site_args, _dtype_spelling(dtype, closure))
+        spelled = _dtype_spelling(dtype, closure)
+        args = template_arguments(kdef, closure, site_args, spelled, body)
         if args is None:
             continue
         made.append(dtype)

@@ -118,3 +118,23 @@ def test_torch_unit_compiles_with_light_headers(tmp_path):
         assert res.unit.needs_torch
         assert "torch/extension.h" not in res.unit.text
         assert result.status == Status.OK, result.log
+
+
+def test_a_kernel_over_a_traits_class_compiles_as_a_template(tmp_path):
+    """causal-conv1d's kernels take `Ktraits` and read `Ktraits::kNThreads`: float cannot stand
+    in for it, so the unit is checked as the template itself, with no instantiation."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "template <int N_, typename T_> struct Traits { static constexpr int kN = N_;"
+        " using input_t = T_; };\n"
+        "template <typename Ktraits> __global__ void fwd_kernel(void* x) {\n"
+        "  using input_t = typename Ktraits::input_t;\n"
+        "  reinterpret_cast<input_t*>(x)[threadIdx.x % Ktraits::kN] = input_t(1);\n}\n"
+        "void run(void* x) { auto k = &fwd_kernel<Traits<4, float>>; k<<<1, 32>>>(x); }\n"
+    )
+    disc = discover(tmp_path)
+    res, result = _compile(disc, Extractor(disc), "fwd_kernel")
+    assert res.unit.instantiations == [] and "kminer_inst_" not in res.unit.text
+    assert result.status == Status.OK, result.log
