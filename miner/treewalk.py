@@ -12,6 +12,7 @@ import re
 import tree_sitter as ts
 import tree_sitter_cuda
 
+from miner.cpp_expr import UNKNOWN, cuda_env, evaluate
 from miner.filemodel import (
     Cond,
     Define,
@@ -38,6 +39,12 @@ class FileParser:
     def parse(self, rel: str, text: str, code: str, rewritten: RewrittenText | None) -> FileModel:
         source = _blank_define_ends(rewritten.text if rewritten else text)
         tree = self.parser.parse(source.encode("latin-1"))
+        if tree.root_node.has_error:  # an #if inside a statement: the grammar cannot see it
+            resolved = resolve_inline_conditionals(source)
+            if resolved != source:
+                again = self.parser.parse(resolved.encode("latin-1"))
+                if _error_bytes(again.root_node) < _error_bytes(tree.root_node):
+                    source, tree = resolved, again
         model = FileModel(rel, text, code, lines=LineIndex(text))
         walker = _Walker(model, source, rewritten)
         model.events = walker.walk(tree.root_node.children, ())
@@ -57,6 +64,87 @@ def _blank_define_ends(source: str) -> str:
     if "define" not in source:
         return source
     return _EMPTY_DEFINE.sub(lambda m: f"{m.group(1)}\n{m.group(2)}", source)
+
+
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b(.*)$")
+
+
+def _error_bytes(node) -> int:
+    """How much of the file the grammar could not read."""
+    if node.type == "ERROR":
+        return node.end_byte - node.start_byte
+    return sum(_error_bytes(c) for c in node.children) if node.has_error else 0
+
+
+def resolve_inline_conditionals(source: str) -> str:
+    """The source with each `#if` group that splits a statement (a constructor's initializer
+    list with a CUDA and a ROCm line, mamba's reverse_scan.cuh) reduced to the branch nvcc
+    takes: the other branches and the directives become blanks, so every offset stays. Groups
+    between statements stay whole (the linearizer decides those)."""
+    lines = source.split("\n")
+    out = list(lines)
+    i, last_code = 0, ""
+    while i < len(lines):
+        m = _DIRECTIVE.match(lines[i])
+        if not m or m.group(1) not in ("if", "ifdef", "ifndef"):
+            stripped = lines[i].split("//")[0].strip()
+            if stripped and not stripped.startswith("#"):
+                last_code = stripped
+            i += 1
+            continue
+        end, branches = _group(lines, i)
+        if end is None:
+            break
+        if last_code and last_code[-1] not in ";{}:" and not last_code.startswith("*"):
+            taken = _taken(branches)
+            for start, stop, _ in branches:
+                for j in range(start, stop):
+                    if (start, stop) != taken or j == start:
+                        out[j] = " " * len(lines[j])
+            out[end] = " " * len(lines[end])
+        i = end + 1
+    return "\n".join(out)
+
+
+def _group(lines: list[str], at: int) -> tuple[int | None, list]:
+    """(line of the #endif, [(first line, end line, condition) per branch]) of the group at
+    `at`, nested groups skipped."""
+    branches, depth, start, cond = [], 0, at, _cond(lines[at])
+    for j in range(at + 1, len(lines)):
+        m = _DIRECTIVE.match(lines[j])
+        if not m:
+            continue
+        word = m.group(1)
+        if word in ("if", "ifdef", "ifndef"):
+            depth += 1
+        elif word == "endif" and depth:
+            depth -= 1
+        elif depth == 0 and word in ("elif", "else", "endif"):
+            branches.append((start, j, cond))
+            if word == "endif":
+                return j, branches
+            start, cond = j, ("1" if word == "else" else m.group(2).strip())
+    return None, branches
+
+
+def _cond(line: str) -> str:
+    m = _DIRECTIVE.match(line)
+    word, rest = m.group(1), m.group(2).strip()
+    if word == "ifdef":
+        return f"defined({rest})"
+    if word == "ifndef":
+        return f"!defined({rest})"
+    return rest
+
+
+def _taken(branches: list) -> tuple[int, int] | None:
+    """The branch nvcc would compile (an unknown macro is not defined); None: none is."""
+    env = cuda_env()
+    for start, stop, cond in branches:
+        value = evaluate(cond, env)
+        if value is not UNKNOWN and value:
+            return start, stop
+    return None
 
 
 class _Walker:

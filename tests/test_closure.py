@@ -162,3 +162,29 @@ def test_an_empty_define_with_a_trailing_blank_keeps_the_else_branch(tmp_path):
     res = Extractor(disc).extract(kernel(disc, "k"), "test")
     assert "#define ROCM_ONLY(x) \n" in res.unit.text
     assert "hipcub" not in res.unit.text and "#else" not in res.unit.text
+
+
+def test_an_if_inside_a_constructor_initializer_list_does_not_hide_the_rest_of_the_file(tmp_path):
+    """mamba's reverse_scan.cuh: `#ifndef USE_ROCM` between a constructor and its initializer
+    list made the grammar give up on the rest of the file, and BlockReverseScan, defined after
+    it, was never found."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "scan.cuh").write_text(
+        "template <int N> struct WarpScan {\n  int lane;\n"
+        "  __device__ WarpScan()\n#ifndef USE_ROCM\n      : lane(threadIdx.x & 31)\n#else\n"
+        "      : lane(threadIdx.x & 63)\n#endif\n  {}\n};\n"
+        "template <typename T, int N> struct BlockReverseScan {\n"
+        "  __device__ T run(T x) { WarpScan<N> w; return x + w.lane; }\n};\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "scan.cuh"\n'
+        "__global__ void scan_kernel(float* x) {\n"
+        "  x[0] = BlockReverseScan<float, 32>().run(x[0]);\n}\n"
+    )
+    disc = discover(tmp_path)
+    assert disc.models["scan.cuh"].error_count == 0
+    res = Extractor(disc).extract(kernel(disc, "scan_kernel"), "test")
+    assert "struct BlockReverseScan" in res.unit.text and "struct WarpScan" in res.unit.text
+    assert "#ifndef USE_ROCM" in res.unit.text  # the repository's own text, for nvcc to decide
