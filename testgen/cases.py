@@ -62,6 +62,8 @@ def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
     "DISPATCH:<fn>" is reached through a dispatch macro (mmcv's DISPATCH_DEVICE_IMPL)."""
     op = cand.wrapper.op_map
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    if exposed == python_fn:  # the label binds the repository's own binding function
+        return []
     chain = [f for f in op.get("chain", []) if f not in ("PYBIND11_MODULE", python_fn)]
     if exposed in chain:
         chain = chain[chain.index(exposed) :]

@@ -26,7 +26,8 @@ from testgen.cases import (
 )
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
-from testgen.made_inputs import RULE_ORIGIN, exposed_params, rule_calls
+from testgen.made_inputs import RULE_ORIGIN, exposed_params, label_signature, rule_calls
+from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
 from testgen.testcode import order_free_reason, render_test
@@ -133,6 +134,23 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], "llm", by
 
 
+def _python_reference(cand, refs, recorded, python_fn, function, label_text, sig, workdir: Path):
+    """The PyTorch function the repository's tests pair with the binding (python_reference.py)."""
+    item = refs.definition(function)
+    full = (refs.signature(item) if item else None) or label_signature(function, label_text)
+    if full is None or sig is None:
+        return "no host signature to pair a PyTorch function with"
+    return find_python_reference(
+        cand,
+        getattr(recorded, "refs", []),
+        python_fn,
+        sig,
+        full.returns,
+        Path(refs.disc.root),
+        workdir,
+    )
+
+
 def generate_for(
     cand: Candidate, refs, recorded: dict, workdir: Path, llm: ModelHelp | None = None
 ) -> None:
@@ -141,17 +159,26 @@ def generate_for(
     start = time.perf_counter()
     cand.clear_stage(StageName.VERIFY)  # whatever comes out, the last verdict was on other tests
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
+    python_fn = cand.wrapper.op_map.get("python_name") or ""
+    # without a known binding, every recorded call is tried: the chain decides which fit
+    calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
+    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
+    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    sig = exposed_params(refs, function, label_text)
+    if isinstance(found, str):  # the repository's PyTorch function its tests compare with
+        mined = _python_reference(
+            cand, refs, recorded, python_fn, function, label_text, sig, workdir
+        )
+        if isinstance(mined, str):
+            found = f"{found}; {mined}"
+        else:
+            found, pairing = mined
+            calls = [c for c in calls if pairing.covers(c.args) and not c.kwargs]
     if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
         cand.reference = Reference()
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)
         return
-    python_fn = cand.wrapper.op_map.get("python_name") or ""
-    # without a known binding, every recorded call is tried: the chain decides which fit
-    calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
     base, why = base_calls(cand, calls, refs)
-    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
-    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
-    sig = exposed_params(refs, function, label_text)
     source, made_by, inputs_tried = "mined", "", False
     if not base:
         inputs_tried = llm is not None

@@ -46,6 +46,29 @@ class RecordedCall:
         return bound if len(bound) == len(params) else None
 
 
+@dataclass
+class RefCall:
+    """A call the repository's tests made to one of its Python functions that may be a
+    reference (`causal_conv1d_ref(x, w, ...)`), with its result and the extension calls made
+    by the same test (`partners`), which `testgen.python_reference` pairs by value."""
+
+    function: str
+    file: str  # where the function is defined, relative to the repository root
+    args: list
+    kwargs: dict
+    result: list  # its outputs (tensors, numbers or None), in order
+    partners: list[RecordedCall] = field(default_factory=list)
+    test_file: str = ""
+
+
+class Recorded(dict):
+    """Extension calls by function name (a dict, as before), and the reference calls."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refs: list[RefCall] = []
+
+
 def repo_test_files(repo: Path) -> list[Path]:
     """The repository's test files, in a stable order: pytest's (test_*.py, *_test.py) and
     those written as scripts (test.py, testcuda.py, *_tests.py: the recorder runs a file with no
@@ -65,9 +88,12 @@ def _cache_key(test_file: Path) -> str:
     return h.hexdigest()[:20]
 
 
-def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCall]:
-    """The extension calls one test file makes (cached). A file whose calls cannot be read back
-    (a crash, a timeout, a value `weights_only` refuses) gives none; the others go on."""
+def record_file(
+    repo: Path, test_file: Path, cache_dir: Path
+) -> tuple[list[RecordedCall], list[RefCall]]:
+    """The extension calls one test file makes, and its calls of possible references (cached).
+    A file whose calls cannot be read back (a crash, a timeout, a value `weights_only` refuses)
+    gives none; the others go on."""
     import torch
 
     repo, test_file, cache_dir = repo.resolve(), test_file.resolve(), cache_dir.resolve()
@@ -82,15 +108,20 @@ def record_file(repo: Path, test_file: Path, cache_dir: Path) -> list[RecordedCa
             if data is None:
                 why = "timed out" if result.timed_out else f"exit {result.returncode}"
                 log.info("recording %s: no calls (%s); tried again next run", test_file.name, why)
-                return []
+                return [], []
             out.write_bytes(data)
     rel = test_file.relative_to(repo).as_posix()
     try:
         raw = torch.load(out, weights_only=True)
-        return [RecordedCall(name, list(args), dict(kwargs), rel) for name, args, kwargs in raw]
+        calls = [RecordedCall(n, list(a), dict(k), rel) for n, a, k in raw["calls"]]
+        refs = [
+            RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in partners], rel)
+            for file, name, a, k, res, partners in raw["refs"]
+        ]
+        return calls, refs
     except Exception as exc:  # the file's own data: its calls are lost, not the stage
         log.warning("recording %s: calls unreadable (%s: %s)", rel, type(exc).__name__, exc)
-        return []
+        return [], []
 
 
 def record_repo_calls(
@@ -98,7 +129,7 @@ def record_repo_calls(
 ) -> dict[str, list[RecordedCall]]:
     """Every extension call of the repository's tests, by function name; only the test files
     that mention one of `wanted` are run when it is given."""
-    calls: dict[str, list[RecordedCall]] = {}
+    calls = Recorded()
     tests = repo_test_files(repo)
     if wanted is not None:
         mentions = _mentions(wanted)
@@ -108,8 +139,10 @@ def record_repo_calls(
             text = path.read_text("utf-8", errors="replace")
             if not any(name in text for name in mentions) and not words & _words(text):
                 continue
-        for call in record_file(repo, path, cache_dir):
+        found, refs = record_file(repo, path, cache_dir)
+        for call in found:
             calls.setdefault(call.function, []).append(call)
+        calls.refs.extend(refs)
     return calls
 
 
@@ -128,30 +161,45 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
 
 
-def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path]) -> set[str]:
-    """What a test file says when it tests one of `wanted` through its Python wrapper: the public
-    names defined by the repository's modules that call it (mmcv/ops/voxelize.py calls
+def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path], depth: int = 3) -> set[str]:
+    """What a test file says when it tests one of `wanted` through its Python wrappers: the
+    public names defined by the repository's modules that call it (mmcv/ops/voxelize.py calls
     `ext_module.hard_voxelize_forward(` and defines Voxelization and
-    `voxelization = _Voxelization.apply`)."""
+    `voxelization = _Voxelization.apply`), and the names of modules that call those, `depth`
+    levels up (causal-conv1d: `causal_conv1d_fwd` <- `causal_conv1d_fwd_function` <-
+    `causal_conv1d_fn`, which the test calls)."""
     if not wanted:
         return set()
-    called = re.compile(r"\.\s*(?:" + "|".join(map(re.escape, sorted(wanted))) + r")\s*\(")
-    names: set[str] = set()
+    sources = {}
     for path in sorted(repo.rglob("*.py")):
         if ".git" in path.parts or path in tests or not path.is_file():
             continue
-        text = path.read_text("utf-8", errors="replace")
-        if not called.search(text):
-            continue
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
-            continue
-        defined = set()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defined.add(node.name)
-            elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.Name)):
-                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}  # = F.apply
-        names |= {n for n in defined if not n.startswith("_")}
+        sources[path] = path.read_text("utf-8", errors="replace")
+    names: set[str] = set()
+    level = set(wanted)
+    for n in range(depth):
+        attr = r"\.\s*(?:" + "|".join(map(re.escape, sorted(level))) + r")\s*\("
+        called = re.compile(attr if n == 0 else attr.replace(r"\.\s*", r"\b", 1))
+        found = set()
+        for text in sources.values():
+            if called.search(text):
+                found |= _public_names(text)
+        level = found - names - set(wanted)
+        names |= found
+        if not level:
+            break
     return names
+
+
+def _public_names(text: str) -> set[str]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.Name)):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}  # = F.apply
+    return {n for n in defined if not n.startswith("_")}

@@ -53,10 +53,10 @@ def test_a_recording_that_crashed_is_not_cached(tmp_path):
     test_file = repo / "tests" / "test_dies.py"
     test_file.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     cache = tmp_path / "cache"
-    assert record_file(repo, test_file, cache) == []
+    assert record_file(repo, test_file, cache) == ([], [])
     assert list(cache.iterdir()) == []  # nothing remembered: the next run records it again
     test_file.write_text("def test_nothing():\n    pass\n")
-    assert record_file(repo, test_file, cache) == []
+    assert record_file(repo, test_file, cache) == ([], [])
     assert [p.suffix for p in cache.iterdir()] == [".pt"]  # a file with no calls is cached
 
 

@@ -42,11 +42,17 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import types
 
 MAX_CALLS_PER_FUNCTION = 64
 MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
 MAX_ELEMENTS = 1 << 22  # larger tensors are not worth keeping as test inputs
+ITEMS_PER_TEST = 32  # parametrizations of one test run (spread over its parameter grid)
+SAVE_BUDGET = 48 << 20  # bytes of tensors written back (the reader takes at most 64 MiB)
+MAX_REF_CALLS = 16  # calls of one possible reference kept with the extension calls beside them
+MAX_REF_ELEMENTS = 1 << 20  # a reference call with a larger tensor is not kept
+RECORD_BUDGET_S = 75.0  # then the remaining tests are skipped; the sandbox allows 120 s
 DEVICE_BACKENDS = ("mlu", "npu", "musa")  # torch.<these> as stubs when torch lacks them
 _DEVICE_CHECK = re.compile(r"is_(\w+?)_(?:available|pytorch)")  # is_npu_available, is_rocm_pytorch
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -126,10 +132,13 @@ class _Log:
 
     def __init__(self) -> None:
         self.calls: list = []
+        self.refs: list = []  # calls of the repository's Python functions that may be references
         self.paused = 0  # inside `pytest.raises`: the authors' invalid inputs are not kept
-        self._seen: set = set()
+        self._seen: dict = {}
         self._shapes: set = set()
         self._count: dict[str, int] = {}
+        self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
+        self._paired: dict = {}  # reference calls kept with partners, per function
 
     def add(self, function: str, args: tuple, kwargs: dict) -> None:
         count = self._count.get(function, 0)
@@ -146,11 +155,63 @@ class _Log:
         key = (function, tuple(map(_fingerprint, snap)), named_keys)
         with contextlib.suppress(TypeError):  # unhashable: kept
             if key in self._seen:
+                self._test[0].append(self._seen[key])
                 return
-            self._seen.add(key)
+            self._seen[key] = len(self.calls)
         self._shapes.add(shapes)
         self._count[function] = count + 1
+        self._test[0].append(len(self.calls))
         self.calls.append((function, snap, named))
+
+    def begin(self, *_name) -> None:
+        """A test (or a script's statement) starts: the Python functions the last one called
+        are paired with the extension calls it made, before or after them."""
+        calls, refs = self._test
+        for k in refs:
+            self.refs[k][5].extend(sorted(set(calls)))
+            if not calls:  # nothing to pair with: not worth its bytes
+                self.refs[k] = None
+            else:
+                self._paired[self.refs[k][:2]] = self._paired.get(self.refs[k][:2], 0) + 1
+        self._test = ([], [])
+
+    def add_ref(self, where: tuple, args: list, kwargs: dict, result) -> None:
+        if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
+            return
+        out = _snapshot_result(result)
+        values = [*args, *kwargs.values(), *out]
+        if any(x is _TOO_BIG or getattr(x, "numel", int)() > MAX_REF_ELEMENTS for x in values):
+            return
+        self._test[1].append(len(self.refs))
+        self.refs.append((where[0], where[1], list(args), dict(kwargs), out, []))
+
+    def ref_recorder(self, file: str, name: str):
+        """The decorator put on a repository function that may be a reference: each call's
+        arguments (as they were on entry) and result are kept."""
+
+        def wrap(fn):
+            if not callable(fn):
+                return fn
+
+            @functools.wraps(fn)
+            def recorded(*args, **kwargs):
+                values = [*args, *kwargs.values()]
+                if (
+                    self.paused
+                    or self._paired.get((file, name), 0) >= MAX_REF_CALLS
+                    or any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
+                ):
+                    return fn(*args, **kwargs)
+                snap_args = [_snapshot(a) for a in args]
+                snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
+                result = fn(*args, **kwargs)
+                with contextlib.suppress(Exception):
+                    self.add_ref((file, name), snap_args, snap_kwargs, result)
+                return result
+
+            return recorded
+
+        return wrap
 
 
 def _shapes(values) -> tuple:
@@ -194,6 +255,22 @@ def _snapshot(value):
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
         return list(value)
     return repr(value)
+
+
+def _snapshot_result(result) -> list:
+    """A reference's result as a list of outputs (tensors or None)."""
+    import torch
+
+    values = list(result) if isinstance(result, (list, tuple)) else [result]
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(_snapshot(v))
+        elif isinstance(v, (bool, int, float, type(None))):
+            out.append(v)
+        else:
+            return []  # not a result made of tensors: not a reference's
+    return out
 
 
 def _fingerprint(value):
@@ -447,6 +524,59 @@ class _Disarm(ast.NodeTransformer):
         return ast.copy_location(guarded, node)
 
 
+REF_NAME = re.compile(
+    r"(?:_ref|_reference|_pytorch|_torch|_naive|_python|_native|_groundtruth|_gt|_slow)$"
+    r"|^(?:ref|reference|naive|torch|pytorch)_|^forward_native$",
+    re.IGNORECASE,
+)
+
+
+class _TagRefs(ast.NodeTransformer):
+    """The module's functions that may be a reference get `ref_recorder`: in a test file every
+    helper (not a test, not a fixture), elsewhere those named like one (`*_ref`, `*_pytorch`,
+    `forward_native`...). Test functions go on past a failed statement (a result never computed
+    must not keep the test from its reference call)."""
+
+    def __init__(self, rel: str, test_file: bool) -> None:
+        self.rel = rel
+        self.test_file = test_file
+
+    def visit_Module(self, node):
+        for stmt in node.body:
+            if isinstance(stmt, ast.FunctionDef):
+                self._tag(stmt)
+            elif isinstance(stmt, ast.ClassDef) and self.test_file:
+                for sub in stmt.body:
+                    if isinstance(sub, ast.FunctionDef) and sub.name.startswith("test"):
+                        sub.body = _GoOn().guard(sub.body)
+        return node
+
+    def _tag(self, fn) -> None:
+        fixture = any("fixture" in ast.unparse(d) for d in fn.decorator_list)
+        if fn.name.startswith("test") and self.test_file:
+            fn.body = _GoOn().guard(fn.body)
+            return
+        if fixture or not (self.test_file or REF_NAME.search(fn.name)):
+            return
+        call = ast.Call(
+            func=ast.Name("__kminer_ref__", ast.Load()),
+            args=[ast.Constant(self.rel), ast.Constant(fn.name)],
+            keywords=[],
+        )
+        fn.decorator_list.append(call)  # innermost: the function itself is recorded
+
+
+def _is_test_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith("test") or name.endswith(("_test.py", "_tests.py"))
+
+
+def _transform(tree: ast.Module, path: str, repo: str) -> ast.Module:
+    rel = os.path.relpath(os.path.realpath(path), repo)
+    tree = _Disarm().visit(tree)
+    return _TagRefs(rel, _is_test_file(path)).visit(tree)
+
+
 class _GoOn(ast.NodeTransformer):
     """A script's statements each in `try: ... except Exception: pass` (loops and branches
     kept, their bodies guarded): with results never computed, a statement that reads one fails,
@@ -498,13 +628,17 @@ def _run_script(path: str, tree: ast.Module) -> None:
     functions and its main block run statement by statement, asserts disarmed."""
     import builtins
 
-    tree = _Disarm().visit(tree)
+    tree = _transform(tree, path, _DisarmedLoader.repo)
     go_on = _GoOn()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             go_on.visit(node)
         elif _is_main_block(node):
-            node.body = go_on.guard(node.body)
+            body = []
+            for stmt in go_on.guard(node.body):  # each statement a test of its own
+                begin = ast.Call(ast.Name("__kminer_begin__", ast.Load()), [], [])
+                body += [ast.copy_location(ast.Expr(begin), stmt), stmt]
+            node.body = body
     code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(path))
@@ -520,9 +654,11 @@ class _DisarmedLoader(importlib.machinery.SourceFileLoader):
         path = self.get_filename(fullname)
         return self.source_to_code(self.get_data(path), path)
 
+    repo = ""  # set by main: where relative names of reference functions start
+
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = ast.fix_missing_locations(_Disarm().visit(ast.parse(data, path)))
-        return compile(tree, path, "exec", dont_inherit=True)
+        tree = _transform(ast.parse(data, path), path, self.repo)
+        return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
 
 
 class _Raises:
@@ -800,14 +936,76 @@ def _repository_view(repo: str):
         shutil.rmtree(view, ignore_errors=True)  # removes the links, never follows them
 
 
+def _bytes(entry) -> int:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(list(entry))
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _within_budget(calls: list, refs: list) -> tuple[list, list]:
+    """The calls (smallest first) and then the reference calls that fit SAVE_BUDGET bytes, so
+    a test file of large inputs still gives its small ones; partners renumbered."""
+    left = SAVE_BUDGET
+    kept = set()
+    for k in sorted(range(len(calls)), key=lambda k: _bytes(calls[k])):
+        size = _bytes(calls[k])
+        if size <= left:
+            kept.add(k)
+            left -= size
+    number = {k: i for i, k in enumerate(sorted(kept))}
+    out_refs = []
+    for ref in sorted(refs, key=_bytes):
+        partners = [number[k] for k in ref[5] if k in number]
+        size = _bytes(ref[:5])
+        if partners and size <= left:
+            left -= size
+            out_refs.append((*ref[:5], partners))
+    return [calls[k] for k in sorted(kept)], out_refs
+
+
 def main(argv: list[str]) -> int:
     repo, test_file, out = (os.path.abspath(a) for a in argv)
     sys.dont_write_bytecode = True
+    import builtins
+
     import pytest
     import torch
 
+    with contextlib.suppress(Exception):  # asked before a stub `triton` can answer for it
+        from torch.utils._triton import has_triton_package
+
+        has_triton_package()
     log = _Log()
     finder = _Finder(repo, log)
+    _DisarmedLoader.repo = finder.repo
+    builtins.__kminer_ref__ = log.ref_recorder
+    builtins.__kminer_begin__ = log.begin
+
+    started = time.monotonic()
+
+    class _Boundaries:
+        @staticmethod
+        def pytest_collection_modifyitems(items):
+            """At most ITEMS_PER_TEST parametrizations of a test, spread over all of them: a
+            test that now runs on to its reference computes it (thousands of cases would not
+            fit the file's time)."""
+            by_test: dict = {}
+            for item in items:
+                by_test.setdefault(getattr(item, "originalname", item.name), []).append(item)
+            keep = set()
+            for group in by_test.values():
+                step = max(1, -(-len(group) // ITEMS_PER_TEST))
+                keep |= {id(item) for item in group[::step]}
+            items[:] = [item for item in items if id(item) in keep]
+
+        @staticmethod
+        def pytest_runtest_setup(item):
+            log.begin(item.nodeid)
+            if time.monotonic() - started > RECORD_BUDGET_S:  # what was recorded is kept
+                pytest.skip("kminer: the recording's time is up")
+
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, finder.repo)
     with contextlib.suppress(ImportError):
@@ -826,9 +1024,11 @@ def main(argv: list[str]) -> int:
         else:
             # --assert=plain: test modules load through the finder, which disarms their asserts
             options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--assert=plain", "--tb=no"]
-            pytest.main(["-q", *options, test_file])
-    torch.save(log.calls, out)
-    print(f"kminer-record: {len(log.calls)} calls")
+            pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
+        log.begin()
+    calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
+    torch.save({"calls": calls, "refs": refs}, out)
+    print(f"kminer-record: {len(calls)} calls, {len(refs)} reference calls")
     return 0
 
 

@@ -1,0 +1,382 @@
+"""The repository's own PyTorch reference for an op, found the way its tests use it.
+
+A test that checks a kernel calls the op (which reaches the extension) and a pure-PyTorch
+function it trusts (`out_ref = causal_conv1d_ref(x_ref, weight, ...)`), in either order. The
+recorder keeps both: the extension call and the calls of the repository's functions that may be
+references (helpers of its test files, functions named `*_ref`, `*_pytorch`, `forward_native`...),
+grouped by test. Here the two are paired by value, with no name matched and no model asked:
+
+- each tensor parameter of the function is the binding argument holding the same values in
+  every pair; a number or string is a constant, the binding argument equal to it, or a table
+  from a binding argument (`silu_activation` True -> `activation="silu"`), all read off the pairs;
+- its outputs go where the binding's go: returned when the host function returns tensors, else
+  copied into the tensor arguments it writes (same shape, not an input of the function);
+- the binding arguments the function does not read must have the values they had in the pairs
+  (`seq_idx` None): the calls that differ are outside what the reference was checked on, so they
+  are not cases (and the adapter refuses them as invalid input).
+
+The function is vendored with what it needs from its module (imports of torch, numpy and the
+standard library, module-level helpers and constants, helpers imported from the repository's
+other modules) plus the adapter `reference(<host parameters>)`, and is run in the sandbox on
+recorded calls before a test relies on it. The GPU verdict judges the pairing further: a wrong
+one makes a test that fails, never one that passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miner.candidate import Candidate, Reference
+from testgen.inputs import RecordedCall, RefCall
+from testgen.sandbox import run_checker
+from testgen.standalone import REFCHECK
+from testgen.vendor import vendor_function
+
+CHECK_TIMEOUT_S = 120.0
+MIN_PAIRS = 1
+_SCALARS = (bool, int, float, str, type(None))
+
+
+@dataclass
+class Pairing:
+    """How a repository function stands in for the binding: where each of its parameters
+    comes from, where each of its outputs goes, and what the other binding arguments were."""
+
+    function: str
+    file: str
+    params: dict = field(
+        default_factory=dict
+    )  # name -> ("arg", k) | ("const", v) | ("table", k, {})
+    outputs: list = field(default_factory=list)  # per output: ("return",) | ("arg", k) | None
+    fixed: dict = field(default_factory=dict)  # binding position -> the kind it had in the pairs
+    pairs: int = 0
+
+    def covers(self, args: list) -> bool:
+        if any(_kind(args[k]) != kind for k, kind in self.fixed.items() if k < len(args)):
+            return False
+        return all(
+            repr(_plain(args[src[1]])) in src[2]
+            for src in self.params.values()
+            if src[0] == "table"
+        )
+
+
+def _kind(value) -> str:
+    """What a binding argument the reference does not read must stay: None, a tensor, a value."""
+    if value is None:
+        return "None"
+    if hasattr(value, "shape"):
+        return "tensor"
+    return repr(_plain(value))
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _same_tensor(a, b) -> bool:
+    import torch
+
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and bool(
+            torch.equal(a.nan_to_num(), b.nan_to_num())
+            if a.is_floating_point()
+            else torch.equal(a, b)
+        )
+    )
+
+
+def _signature(repo: Path, file: str, name: str) -> list[str] | None:
+    """The function's parameter names (positional then keyword-only); None for *args."""
+    try:
+        tree = ast.parse((repo / file).read_text("utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            if a.vararg:
+                return None
+            return [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    return None
+
+
+def _bind(ref: RefCall, params: list[str]) -> dict | None:
+    if len(ref.args) > len(params) or any(k not in params for k in ref.kwargs):
+        return None
+    return {**dict(zip(params, ref.args, strict=False)), **ref.kwargs}
+
+
+def _tensor_sources(pairs: list, name: str) -> set[int] | None:
+    """Binding positions that hold this parameter's tensor (or None where it is None) in
+    every pair."""
+    found = None
+    for call, values in pairs:
+        v = values.get(name)
+        here = {
+            k
+            for k, a in enumerate(call.args)
+            if (v is None and a is None) or (v is not None and _same_tensor(a, v))
+        }
+        found = here if found is None else found & here
+    return found
+
+
+def _scalar_source(pairs: list, name: str):
+    values = [vals[name] for _, vals in pairs]
+    if all(repr(v) == repr(values[0]) for v in values) and isinstance(values[0], (*_SCALARS, list)):
+        return ("const", values[0])
+    width = min(len(c.args) for c, _ in pairs)
+    calls = [c for c, _ in pairs]
+    for k in range(width):  # the binding argument equal to it
+        if all(
+            not hasattr(c.args[k], "shape") and c.args[k] == v
+            for c, v in zip(calls, values, strict=True)
+        ):
+            return ("arg", k)
+    for k in range(width):  # or a table from one
+        if any(hasattr(c.args[k], "shape") for c in calls):
+            continue
+        table: dict = {}
+        consistent = all(
+            table.setdefault(repr(_plain(c.args[k])), v) == v
+            for c, v in zip(calls, values, strict=True)
+        )
+        if consistent and all(isinstance(v, _SCALARS) for v in table.values()):
+            return ("table", k, table)
+    return None
+
+
+def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
+    """Where each output of the function goes: returned (the host function returns tensors)
+    or into the binding's tensor argument of its shape that is no input of the function."""
+    void = returns.strip() in ("void", "")
+    single = not void and "vector" not in returns and "tuple" not in returns
+    width = max(len(r.result) for _, r in pairs)
+    targets: list = []
+    taken: set[int] = set()
+    for j in range(width):
+        free = None
+        for call, ref in pairs:
+            out = ref.result[j] if j < len(ref.result) else None
+            if not hasattr(out, "shape"):
+                continue
+            here = {
+                k
+                for k, a in enumerate(call.args)
+                if k not in used and k not in taken and hasattr(a, "shape") and a.shape == out.shape
+            }
+            free = here if free is None else free & here
+        if free is None:  # never a tensor: nothing to compare
+            targets.append(None)
+        elif not void and (not single or j == 0):
+            targets.append(("return",))
+        elif free:
+            taken.add(min(free))
+            targets.append(("arg", min(free)))
+        elif void:
+            return None  # an output with nowhere to go
+        else:
+            targets.append(None)
+    if not any(targets):
+        return None
+    return targets
+
+
+def pair(refs: list[RefCall], binding: str, repo: Path, returns: str) -> list[Pairing]:
+    """Every repository function the tests pair with `binding` whose arguments and outputs map
+    onto the binding's, most pairs first."""
+    groups: dict[tuple[str, str], list[tuple[RecordedCall, RefCall]]] = {}
+    for ref in refs:
+        for call in ref.partners:
+            if call.function == binding and not call.kwargs:
+                groups.setdefault((ref.file, ref.function), []).append((call, ref))
+    found = []
+    for (file, name), raw in sorted(groups.items(), key=lambda g: -len(g[1])):
+        params = _signature(repo, file, name)
+        if params is None:
+            continue
+        bound = [(c, r, _bind(r, params)) for c, r in raw]
+        pairing = _pair_all([(c, r, v) for c, r, v in bound if v is not None], file, name, returns)
+        if pairing is not None:
+            found.append(pairing)
+    return found
+
+
+def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None:
+    """Keep the pairs on which every tensor parameter finds its binding argument (a test's
+    other ops pair by accident and drop out), then read the mapping off them."""
+    kept: list = []
+    tensor_names = {n for _, _, v in bound for n, x in v.items() if hasattr(x, "shape")}
+    for call, ref, values in bound:
+        trial = [(c, v) for c, _, v in kept] + [(call, values)]
+        if all(_tensor_sources(trial, n) for n in tensor_names if n in values):
+            kept.append((call, ref, values))
+    if len(kept) < MIN_PAIRS:
+        return None
+    names = sorted({n for _, _, v in kept for n in v})
+    if any(set(v) != set(names) for _, _, v in kept):  # keyword sets differ: keep the common
+        common = set.intersection(*(set(v) for _, _, v in kept))
+        kept = [t for t in kept if set(t[2]) == common] or kept
+        names = sorted(common)
+    pairs = [(c, v) for c, _, v in kept]
+    sources: dict = {}
+    for n in names:
+        if n in tensor_names:
+            ks = _tensor_sources(pairs, n)
+            if not ks:
+                return None
+            sources[n] = ("arg", min(ks))
+        else:
+            src = _scalar_source(pairs, n)
+            if src is None:
+                return None
+            sources[n] = src
+    used = {s[1] for s in sources.values() if s[0] == "arg"}
+    used_pairs = [(c, r) for c, r, _ in kept]
+    outputs = _outputs(used_pairs, used, returns)
+    if outputs is None:
+        return None
+    written = {t[1] for t in outputs if t and t[0] == "arg"}
+    tables = {s[1] for s in sources.values() if s[0] == "table"}
+    width = min(len(c.args) for c, _ in pairs)
+    fixed = {}
+    for k in range(width):
+        if k in used or k in written or k in tables:
+            continue
+        kinds = {_kind(c.args[k]) for c, _ in pairs}
+        if any(getattr(c.args[k], "is_floating_point", bool)() for c, _ in pairs):
+            return None  # data the function neither reads nor writes: not the binding's op
+
+        if len(kinds) == 1:
+            fixed[k] = kinds.pop()
+        # a number that varies over the pairs and reaches no parameter: not read by the ref
+    return Pairing(name, file, sources, outputs, fixed, len(pairs))
+
+
+def adapter(p: Pairing, host_params: list[str]) -> str:
+    """`reference(<host parameters>)`: the function called with what the pairs showed."""
+    args = ", ".join(host_params)
+    lines = [
+        "",
+        "",
+        "# kminer's adapter: the host function's arguments, as the repository's tests pair them",
+        f"# with `{p.function}` ({p.pairs} recorded pairs), and its outputs back where the",
+        "# kernel's go.",
+        f"_FIXED = {p.fixed!r}",
+        "",
+        "",
+        "def _kind(value):",
+        "    if value is None:",
+        '        return "None"',
+        '    if hasattr(value, "shape"):',
+        '        return "tensor"',
+        "    return repr(list(value) if isinstance(value, tuple) else value)",
+        "",
+        "",
+        f"def reference({args}):",
+        f"    args = [{args}]",
+        "    for k, kind in _FIXED.items():",
+        "        if _kind(args[k]) != kind:",
+        "            raise RuntimeError(f'kminer: argument {k} is {_kind(args[k])}, the "
+        "reference was paired only with {kind}')",
+        "    kwargs = {}",
+    ]
+    for name, src in p.params.items():
+        if src[0] == "arg":
+            lines.append(f"    kwargs[{name!r}] = args[{src[1]}]")
+        elif src[0] == "const":
+            lines.append(f"    kwargs[{name!r}] = {src[1]!r}")
+        else:
+            lines += [
+                f"    table = {src[2]!r}",
+                f"    key = repr(list(args[{src[1]}]) if isinstance(args[{src[1]}], tuple) "
+                f"else args[{src[1]}])",
+                "    if key not in table:",
+                f"        raise RuntimeError(f'kminer: no recorded pair has argument {src[1]} = "
+                "{key}')",
+                f"    kwargs[{name!r}] = table[key]",
+            ]
+    lines += [
+        f"    result = {p.function}(**kwargs)",
+        "    outs = list(result) if isinstance(result, (tuple, list)) else [result]",
+        "    returned = []",
+    ]
+    for j, target in enumerate(p.outputs):
+        if target is None:
+            continue
+        if target[0] == "return":
+            lines.append(f"    returned.append(outs[{j}] if len(outs) > {j} else None)")
+        else:
+            lines += [
+                f"    if len(outs) > {j} and outs[{j}] is not None:",
+                f"        args[{target[1]}].copy_(outs[{j}])",
+            ]
+    lines += [
+        "    returned = [r for r in returned if r is not None]",
+        "    if not returned:",
+        "        return None",
+        "    return returned[0] if len(returned) == 1 else returned",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def find_python_reference(
+    cand: Candidate,
+    refs: list[RefCall],
+    binding: str,
+    host: list[tuple[str, str]],
+    returns: str,
+    repo: Path,
+    workdir: Path,
+) -> tuple[Reference, Pairing] | str:
+    """The repository's PyTorch function that its tests compare `binding` against, vendored
+    with its adapter under references/, or why there is none."""
+    if not binding or not host:
+        return "no binding or host signature to pair a PyTorch function with"
+    if not any(c.function == binding for r in refs for c in r.partners):
+        return f"no test calls a PyTorch function alongside {binding}"
+    problems = []
+    for p in pair(refs, binding, repo, returns)[:3]:
+        body = vendor_function(repo, p.file, p.function)
+        if isinstance(body, str) and body.startswith("!"):
+            problems.append(f"{p.function}: {body[1:]}")
+            continue
+        code = (
+            f'"""The repository\'s own PyTorch function `{p.function}` ({p.file}), vendored\n'
+            f'with what it needs, as the CPU reference; paired with `{binding}` by kminer."""\n\n'
+            + body
+            + adapter(p, [n for _, n in host])
+        )
+        calls = [c.args for r in refs for c in r.partners if c.function == binding]
+        calls = [a for a in calls if p.covers(a)][:3]
+        checked = run_checker(
+            REFCHECK, {"code.py": code, "calls.pt": calls}, "the reference", CHECK_TIMEOUT_S
+        )
+        if isinstance(checked, str):
+            problems.append(f"{p.function}: {checked.splitlines()[-1][:200] if checked else ''}")
+            continue
+        rel = f"references/{cand.id}.py"
+        (workdir / "references").mkdir(exist_ok=True)
+        (workdir / rel).write_text(code, encoding="utf-8")
+        ref = Reference(
+            kind="python",
+            function=p.function,
+            file=p.file,
+            path=rel,
+            hash=hashlib.sha256(code.encode()).hexdigest()[:20],
+            exposed="reference",
+            signature=[t for t, _ in host],
+        )
+        return ref, p
+    if not problems:
+        return f"no PyTorch function the tests call maps onto {binding}'s arguments and outputs"
+    return "; ".join(problems)[:600]

@@ -1,0 +1,140 @@
+"""One Python function of a repository as a standalone source: the function and what it needs.
+
+A reference that travels in a dataset row cannot import the repository (its package imports
+the compiled extension, and the row must run without it). So the function is copied with the
+module-level names it reads, transitively: imports of torch, numpy and the standard library as
+they were written, helpers and constants of its module, and helpers it imports from the
+repository's other modules (copied the same way). Decorators are dropped (`@torch.jit.script`
+of a copy is not the point). A name that comes from another third-party package (einops,
+triton) makes it unusable: the answer says which.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import sys
+from pathlib import Path
+
+ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
+TRAVELS = "only torch, numpy and the standard library travel"
+MAX_ITEMS = 40
+
+
+class _Module:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.text = path.read_text("utf-8", errors="replace")
+        self.tree = ast.parse(self.text)
+        self.defs: dict[str, ast.stmt] = {}
+        self.imports: dict[str, tuple[ast.stmt, ast.alias]] = {}
+        for node in self.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+                self.defs[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        self.defs.setdefault(t.id, node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    bound = (alias.asname or alias.name).split(".")[0]
+                    self.imports[bound] = (node, alias)
+
+
+def _free_names(node: ast.AST) -> set[str]:
+    """Names a definition reads that it does not bind itself (approximately: any name loaded
+    and never stored or declared a parameter anywhere inside it)."""
+    loaded, bound = set(), set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            (loaded if isinstance(sub.ctx, ast.Load) else bound).add(sub.id)
+        elif isinstance(sub, ast.arg):
+            bound.add(sub.arg)
+        elif (
+            isinstance(sub, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and sub is not node
+        ):
+            bound.add(sub.name)
+        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for deco in node.decorator_list:  # dropped: what they read is not needed
+            loaded -= {n.id for n in ast.walk(deco) if isinstance(n, ast.Name)}
+    return loaded - bound - set(dir(builtins))
+
+
+def _module_file(repo: Path, here: Path, node: ast.ImportFrom) -> Path | None:
+    """The repository file an import names (`from .x import f`, `from pkg.x import f`)."""
+    parts = (node.module or "").split(".") if node.module else []
+    if node.level:
+        base = here.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+    else:
+        base = repo
+    target = base.joinpath(*parts) if parts else base
+    for cand in (target.with_suffix(".py"), target / "__init__.py"):
+        if cand.is_file() and repo in cand.resolve().parents:
+            return cand
+    return None
+
+
+def vendor_function(repo: Path, file: str, name: str) -> str:
+    """The function's source with its needs; '!why' when it cannot stand alone."""
+    repo = repo.resolve()
+    modules: dict[Path, _Module] = {}
+    chunks: list[tuple[Path, int, str]] = []  # (file, line, source), emitted by file then line
+    imports: list[str] = []
+    seen: set[tuple[Path, str]] = set()
+    todo = [(repo / file, name)]
+    while todo:
+        path, wanted = todo.pop()
+        if (path, wanted) in seen:
+            continue
+        seen.add((path, wanted))
+        if len(seen) > MAX_ITEMS:
+            return f"!needs more than {MAX_ITEMS} definitions"
+        try:
+            mod = modules.get(path) or modules.setdefault(path, _Module(path))
+        except (OSError, SyntaxError, ValueError) as exc:
+            return f"!cannot read {path.name}: {exc}"
+        node = mod.defs.get(wanted)
+        if node is not None:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = node.lineno
+                source = ast.get_source_segment(mod.text, node, padded=False) or ""
+                deco = "\n".join(f"@{ast.unparse(d)}" for d in node.decorator_list)
+                if deco and source.startswith("@"):
+                    source = source.split("\n", len(node.decorator_list))[-1]
+            else:
+                start, source = node.lineno, ast.get_source_segment(mod.text, node) or ""
+            chunks.append((path, start, source))
+            todo += [(path, n) for n in _free_names(node)]
+            continue
+        found = mod.imports.get(wanted)
+        if found is None:
+            return f"!`{wanted}` is not defined in {path.relative_to(repo)}"
+        stmt, alias = found
+        if isinstance(stmt, ast.ImportFrom):
+            source_file = _module_file(repo, path, stmt)
+            if source_file is not None:
+                todo.append((source_file, alias.name))
+                if (alias.asname or alias.name) != alias.name:
+                    imports.append(f"{alias.asname} = {alias.name}")
+                continue
+            root = (stmt.module or "").split(".")[0]
+            if stmt.level or root not in ALLOWED_ROOTS:
+                return f"!needs `{stmt.module or '.'}` ({TRAVELS})"
+            text = f"from {stmt.module} import {alias.name}"
+        else:
+            root = alias.name.split(".")[0]
+            if root not in ALLOWED_ROOTS:
+                return f"!needs `{alias.name}` ({TRAVELS})"
+            text = f"import {alias.name}"
+        imports.append(text + (f" as {alias.asname}" if alias.asname else ""))
+    order = {p: i for i, p in enumerate(reversed(list(modules)))}  # helpers' files first
+    body = [src for _, _, src in sorted(chunks, key=lambda c: (order[c[0]], c[1]))]
+    aliases = [i for i in imports if " = " in i]
+    head = sorted({i for i in imports if " = " not in i}, key=lambda i: (i.startswith("from"), i))
+    return "\n".join(head) + "\n\n\n" + "\n\n\n".join(body) + "\n" + "\n".join(aliases) + "\n"

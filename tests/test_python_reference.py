@@ -1,0 +1,101 @@
+"""The repository's own PyTorch reference, paired with its binding by the recorded values."""
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from testgen.inputs import record_repo_calls
+from testgen.python_reference import adapter, find_python_reference, pair
+from testgen.vendor import vendor_function
+
+FIXTURE = Path(__file__).parent / "fixtures" / "pyrefrepo"
+HOST = [
+    ("const at::Tensor&", "x"),
+    ("const at::Tensor&", "y"),
+    ("at::Tensor&", "out"),
+    ("bool", "doubled"),
+]
+
+
+def _recorded(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    return repo, record_repo_calls(repo, tmp_path / "cache")
+
+
+def test_recorder_pairs_reference_calls_with_the_extension_calls_of_the_same_test(tmp_path):
+    _, recorded = _recorded(tmp_path)
+    assert len(recorded["scale_add"]) == 4  # 2 sizes x 2 modes: each test went on past `out`
+    refs = [r for r in recorded.refs if r.function == "scale_add_ref"]
+    assert len(refs) == 4 and all(r.file == "pyref/ops.py" for r in refs)
+    for ref in refs:  # its partner is the call of its own test: the same x
+        (partner,) = ref.partners
+        assert torch.equal(partner.args[0], ref.args[0])
+        assert partner.args[3] == (ref.kwargs["mode"] == "double")
+    helper = [r for r in recorded.refs if r.function == "unrelated"]
+    assert helper and all(r.file == "tests/test_scale_add.py" for r in helper)
+
+
+def test_pairing_reads_tensors_tables_and_outputs_off_the_pairs(tmp_path):
+    repo, recorded = _recorded(tmp_path)
+    (found,) = [p for p in pair(recorded.refs, "scale_add", repo, "void")]
+    assert found.function == "scale_add_ref"
+    assert found.params["x"] == ("arg", 0) and found.params["y"] == ("arg", 1)
+    assert found.params["mode"] == ("table", 3, {"False": None, "True": "double"})
+    assert found.outputs == [("arg", 2)]  # written into `out`, the tensor it does not read
+    # `unrelated` reads a tensor no binding argument holds before the call: never paired
+    assert all(p.function != "unrelated" for p in pair(recorded.refs, "scale_add", repo, "void"))
+
+
+def test_vendored_reference_runs_alone_and_computes_the_op(tmp_path):
+    repo, recorded = _recorded(tmp_path)
+    cand = SimpleNamespace(id="c0ffee")  # only its id names the reference file
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    found = find_python_reference(cand, recorded.refs, "scale_add", HOST, "void", repo, workdir)
+    assert not isinstance(found, str), found
+    ref, pairing = found
+    assert (ref.kind, ref.function, ref.file) == ("python", "scale_add_ref", "pyref/ops.py")
+    code = (workdir / ref.path).read_text()
+    assert "import pyref" not in code and "HALF = 0.5" in code and "def doubled" in code
+    namespace: dict = {}
+    exec(compile(code, "reference.py", "exec"), namespace)  # no repository on the path
+    x, y = torch.arange(4.0), torch.ones(4)
+    for flag, factor in ((False, 1.0), (True, 2.0)):
+        out = torch.zeros(4)
+        assert namespace["reference"](x, y, out, flag) is None
+        assert torch.equal(out, (x * 0.5 + y) * factor)
+    assert pairing.covers([x, y, out, True])
+
+
+def test_adapter_refuses_calls_outside_the_recorded_pairs(tmp_path):
+    repo, recorded = _recorded(tmp_path)
+    (found,) = pair(recorded.refs, "scale_add", repo, "void")
+    found.fixed = {3: "True"}
+    namespace: dict = {"scale_add_ref": lambda x, y, mode=None: x}
+    exec(adapter(found, ["x", "y", "out", "doubled"]), namespace)
+    try:
+        namespace["reference"](torch.ones(1), torch.ones(1), torch.zeros(1), False)
+    except RuntimeError as e:  # a RuntimeError: the test reports the case invalid
+        assert "paired only with True" in str(e)
+    else:
+        raise AssertionError("a call outside the pairs was computed")
+
+
+def test_vendoring_refuses_third_party_imports_and_follows_repository_helpers(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "util.py").write_text("def norm(t):\n    return t / t.sum()\n")
+    (tmp_path / "pkg" / "ops.py").write_text(
+        "import einops\nimport torch\nfrom pkg.util import norm\n\n"
+        "def good_ref(t):\n    return norm(torch.exp(t))\n\n"
+        "def bad_ref(t):\n    return einops.rearrange(t, 'a b -> b a')\n"
+    )
+    good = vendor_function(tmp_path, "pkg/ops.py", "good_ref")
+    assert good.startswith("import torch") and "def norm(t)" in good
+    assert good.index("def norm") < good.index("def good_ref")
+    assert vendor_function(tmp_path, "pkg/ops.py", "bad_ref") == (
+        "!needs `einops` (only torch, numpy and the standard library travel)"
+    )
