@@ -19,8 +19,10 @@ from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
     BaseCall,
+    Unmappable,
     base_calls,
     binding_variants,
+    carry_down,
     label_dtypes,
     plan,
 )
@@ -134,6 +136,14 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], "llm", by
 
 
+def _to_host(call, cand: Candidate, refs) -> list | None:
+    """A binding call's arguments as the label's exposed function gets them (None: unmappable)."""
+    try:
+        return carry_down(call, cand, refs)
+    except Unmappable:
+        return None
+
+
 def _python_reference(cand, refs, recorded, python_fn, function, label_text, sig, workdir: Path):
     """The PyTorch function the repository's tests pair with the binding (python_reference.py)."""
     item = refs.definition(function)
@@ -148,6 +158,7 @@ def _python_reference(cand, refs, recorded, python_fn, function, label_text, sig
         full.returns,
         Path(refs.disc.root),
         workdir,
+        lambda call: _to_host(call, cand, refs),
     )
 
 
@@ -173,7 +184,7 @@ def generate_for(
             found = f"{found}; {mined}"
         else:
             found, pairing = mined
-            calls = [c for c in calls if pairing.covers(c.args) and not c.kwargs]
+            calls = [c for c in calls if pairing.covers(_to_host(c, cand, refs) or [])]
     if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
         cand.reference = Reference()
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)

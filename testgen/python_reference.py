@@ -190,14 +190,23 @@ def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
     return targets
 
 
-def pair(refs: list[RefCall], binding: str, repo: Path, returns: str) -> list[Pairing]:
+def _positional(call: RecordedCall) -> list | None:
+    return None if call.kwargs else list(call.args)
+
+
+def pair(
+    refs: list[RefCall], binding: str, repo: Path, returns: str, to_host=_positional
+) -> list[Pairing]:
     """Every repository function the tests pair with `binding` whose arguments and outputs map
-    onto the binding's, most pairs first."""
+    onto those of the host function the label exposes (`to_host` carries a binding call down
+    to them, None where it cannot), most pairs first."""
     groups: dict[tuple[str, str], list[tuple[RecordedCall, RefCall]]] = {}
     for ref in refs:
         for call in ref.partners:
-            if call.function == binding and not call.kwargs:
-                groups.setdefault((ref.file, ref.function), []).append((call, ref))
+            host = to_host(call) if call.function == binding else None
+            if host is not None:
+                host_call = RecordedCall(call.function, host, {}, call.test_file)
+                groups.setdefault((ref.file, ref.function), []).append((host_call, ref))
     found = []
     for (file, name), raw in sorted(groups.items(), key=lambda g: -len(g[1])):
         params = _signature(repo, file, name)
@@ -337,6 +346,7 @@ def find_python_reference(
     returns: str,
     repo: Path,
     workdir: Path,
+    to_host=_positional,
 ) -> tuple[Reference, Pairing] | str:
     """The repository's PyTorch function that its tests compare `binding` against, vendored
     with its adapter under references/, or why there is none."""
@@ -345,7 +355,7 @@ def find_python_reference(
     if not any(c.function == binding for r in refs for c in r.partners):
         return f"no test calls a PyTorch function alongside {binding}"
     problems = []
-    for p in pair(refs, binding, repo, returns)[:3]:
+    for p in pair(refs, binding, repo, returns, to_host)[:3]:
         body = vendor_function(repo, p.file, p.function)
         if isinstance(body, str) and body.startswith("!"):
             problems.append(f"{p.function}: {body[1:]}")
@@ -356,8 +366,8 @@ def find_python_reference(
             + body
             + adapter(p, [n for _, n in host])
         )
-        calls = [c.args for r in refs for c in r.partners if c.function == binding]
-        calls = [a for a in calls if p.covers(a)][:3]
+        calls = [to_host(c) for r in refs for c in r.partners if c.function == binding]
+        calls = [a for a in calls if a is not None and p.covers(a)][:3]
         checked = run_checker(
             REFCHECK, {"code.py": code, "calls.pt": calls}, "the reference", CHECK_TIMEOUT_S
         )
