@@ -23,7 +23,13 @@ from miner.macro_kernels import (
 )
 from miner.repo_model import Discovery, FoundKernel
 from miner.sources import scan_tree
-from miner.textprep import blank_comments_and_strings, decode, first_branch_view, split_top
+from miner.textprep import (
+    blank_comments_and_strings,
+    bracket_end,
+    decode,
+    first_branch_view,
+    split_top,
+)
 from miner.treewalk import FileParser
 
 log = logging.getLogger(__name__)
@@ -209,7 +215,7 @@ def token_scan_kernel(model: FileModel, pos: int, view: str | None = None) -> Ke
         if c == "(":
             head = code[pos : i + 1]
             if re.search(r"__launch_bounds__\s*\($|__align__\s*\($", head):
-                i = _match(code, i, "(", ")")
+                i = bracket_end(code, i, "(", ")")
                 if i is None:
                     return None
                 continue
@@ -220,7 +226,7 @@ def token_scan_kernel(model: FileModel, pos: int, view: str | None = None) -> Ke
     m = _NAME_BEFORE_PAREN.search(code[pos : i + 1])
     if not m:
         return None
-    close = _match(code, i, "(", ")")
+    close = bracket_end(code, i, "(", ")")
     if close is None:
         return None
     j = close
@@ -228,7 +234,7 @@ def token_scan_kernel(model: FileModel, pos: int, view: str | None = None) -> Ke
         j += 1
     if j >= n or code[j] == ";":
         return None  # a declaration
-    end = _match(code, j, "{", "}")
+    end = bracket_end(code, j, "{", "}")
     if end is None:
         return None
     end = _close_conditionals(model.code, pos, end)
@@ -273,18 +279,6 @@ def _close_conditionals(code: str, start: int, end: int) -> int:
         if m.start() >= end and depth == 0:
             return m.end()
     return end
-
-
-def _match(code: str, i: int, op: str, cl: str) -> int | None:
-    depth = 0
-    for j in range(i, len(code)):
-        if code[j] == op:
-            depth += 1
-        elif code[j] == cl:
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    return None
 
 
 def _template_start(code: str, pos: int) -> int:

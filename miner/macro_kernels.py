@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from miner.aliases import DEFINE_LINE
-from miner.textprep import blank_comments_and_strings, split_top
+from miner.textprep import blank_comments_and_strings, bracket_end, split_top
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
@@ -125,12 +125,8 @@ def _body_after(code: str, at: int) -> tuple[int, int] | None:
         start += 1
     if start >= len(code) or code[start] != "{":
         return None
-    depth = 0
-    for j in range(start, min(len(code), start + 200_000)):
-        depth += {"{": 1, "}": -1}.get(code[j], 0)
-        if depth == 0:
-            return start, j + 1
-    return None
+    end = bracket_end(code, start, "{", "}", limit=200_000)
+    return (start, end) if end is not None else None
 
 
 _INVOCATION = re.compile(r"\s*([A-Za-z_]\w*)\s*\((.*)\)\s*;?\s*\Z", re.DOTALL)

@@ -152,3 +152,18 @@ def split_top(text: str, angle: bool = True) -> list[str]:
             cur.append(ch)
     parts.append("".join(cur).strip())
     return [p for p in parts if p]
+
+
+def bracket_end(code: str, i: int, op: str, cl: str, limit: int | None = None) -> int | None:
+    """The offset just past the `cl` that closes the `op` at or after `i` (within `limit`
+    characters when given), or None when it is not closed."""
+    depth = 0
+    stop = len(code) if limit is None else min(len(code), i + limit)
+    for j in range(i, stop):
+        if code[j] == op:
+            depth += 1
+        elif code[j] == cl:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None

@@ -28,7 +28,7 @@ from testgen.cases import (
 )
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
-from testgen.made_inputs import RULE_ORIGIN, exposed_params, label_signature, rule_calls
+from testgen.made_inputs import RULE_ORIGIN, exposed_params, exposed_signature, rule_calls
 from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
@@ -136,30 +136,36 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     return [BaseCall(args, f"make_calls by {llm.client.model}") for args in calls], "llm", by
 
 
-def _to_host(call, cand: Candidate, refs) -> list | None:
-    """A binding call's arguments as the label's exposed function gets them (None: unmappable)."""
-    try:
-        return carry_down(call, cand, refs)
-    except Unmappable:
-        return None
-
-
-def _python_reference(cand, refs, recorded, python_fn, function, label_text, sig, workdir: Path):
-    """The PyTorch function the repository's tests pair with the binding (python_reference.py)."""
-    item = refs.definition(function)
-    full = (refs.signature(item) if item else None) or label_signature(function, label_text)
-    if full is None or sig is None:
+def _python_reference(cand, refs, recorded, python_fn, function, label_text, workdir: Path):
+    """The PyTorch function the repository's tests pair with the binding (python_reference.py),
+    and the binding calls it covers."""
+    full = exposed_signature(refs, function, label_text)
+    if full is None or not all(n for _, n in full.params):
         return "no host signature to pair a PyTorch function with"
-    return find_python_reference(
+    hosts: dict[int, list | None] = {}  # each call carried down once (pairing, check, cases)
+
+    def to_host(call):
+        if id(call) not in hosts:
+            try:
+                hosts[id(call)] = carry_down(call, cand, refs)
+            except Unmappable:
+                hosts[id(call)] = None
+        return hosts[id(call)]
+
+    found = find_python_reference(
         cand,
         getattr(recorded, "refs", []),
         python_fn,
-        sig,
+        list(full.params),
         full.returns,
         Path(refs.disc.root),
         workdir,
-        lambda call: _to_host(call, cand, refs),
+        to_host,
     )
+    if isinstance(found, str):
+        return found
+    ref, pairing = found
+    return ref, [c for c in recorded.get(python_fn, []) if pairing.covers(to_host(c) or [])]
 
 
 def generate_for(
@@ -177,14 +183,11 @@ def generate_for(
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     sig = exposed_params(refs, function, label_text)
     if isinstance(found, str):  # the repository's PyTorch function its tests compare with
-        mined = _python_reference(
-            cand, refs, recorded, python_fn, function, label_text, sig, workdir
-        )
+        mined = _python_reference(cand, refs, recorded, python_fn, function, label_text, workdir)
         if isinstance(mined, str):
             found = f"{found}; {mined}"
         else:
-            found, pairing = mined
-            calls = [c for c in calls if pairing.covers(_to_host(c, cand, refs) or [])]
+            found, calls = mined
     if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
         cand.reference = Reference()
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)

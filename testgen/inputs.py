@@ -178,8 +178,8 @@ def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path], depth: int = 
     names: set[str] = set()
     level = set(wanted)
     for n in range(depth):
-        attr = r"\.\s*(?:" + "|".join(map(re.escape, sorted(level))) + r")\s*\("
-        called = re.compile(attr if n == 0 else attr.replace(r"\.\s*", r"\b", 1))
+        how = r"\.\s*" if n == 0 else r"\b"  # the extension's functions are attributes
+        called = re.compile(how + "(?:" + "|".join(map(re.escape, sorted(level))) + r")\s*\(")
         found = set()
         for text in sources.values():
             if called.search(text):

@@ -37,12 +37,17 @@ _DTYPES = {
 }
 
 
-def exposed_params(refs, function: str, label_text: str) -> list[tuple[str, str]] | None:
-    """(type, name) of the function a test calls: the repository's definition, else the one in
-    the label (a rule or model wrapper, bound as `m.def("function", &impl)`)."""
+def exposed_signature(refs, function: str, label_text: str):
+    """The signature of the function a test calls: the repository's definition, else the one
+    in the label (a rule or model wrapper, bound as `m.def("function", &impl)`)."""
     item = refs.definition(function)
     sig = refs.signature(item) if item else None
-    sig = sig or label_signature(function, label_text)
+    return sig or label_signature(function, label_text)
+
+
+def exposed_params(refs, function: str, label_text: str) -> list[tuple[str, str]] | None:
+    """(type, name) of the function a test calls; None when a parameter has no name."""
+    sig = exposed_signature(refs, function, label_text)
     if sig is None or not all(n for _, n in sig.params):
         return None
     return list(sig.params)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,6 @@ from testgen.standalone import REFCHECK
 from testgen.vendor import vendor_function
 
 CHECK_TIMEOUT_S = 120.0
-MIN_PAIRS = 1
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -228,7 +228,7 @@ def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None
         trial = [(c, v) for c, _, v in kept] + [(call, values)]
         if all(_tensor_sources(trial, n) for n in tensor_names if n in values):
             kept.append((call, ref, values))
-    if len(kept) < MIN_PAIRS:
+    if not kept:
         return None
     names = sorted({n for _, _, v in kept for n in v})
     if any(set(v) != set(names) for _, _, v in kept):  # keyword sets differ: keep the common
@@ -282,13 +282,9 @@ def adapter(p: Pairing, host_params: list[str]) -> str:
         f"_FIXED = {p.fixed!r}",
         "",
         "",
-        "def _kind(value):",
-        "    if value is None:",
-        '        return "None"',
-        '    if hasattr(value, "shape"):',
-        '        return "tensor"',
-        "    return repr(list(value) if isinstance(value, tuple) else value)",
+        inspect.getsource(_plain),
         "",
+        inspect.getsource(_kind),
         "",
         f"def reference({args}):",
         f"    args = [{args}]",
@@ -306,8 +302,7 @@ def adapter(p: Pairing, host_params: list[str]) -> str:
         else:
             lines += [
                 f"    table = {src[2]!r}",
-                f"    key = repr(list(args[{src[1]}]) if isinstance(args[{src[1]}], tuple) "
-                f"else args[{src[1]}])",
+                f"    key = repr(_plain(args[{src[1]}]))",
                 "    if key not in table:",
                 f"        raise RuntimeError(f'kminer: no recorded pair has argument {src[1]} = "
                 "{key}')",
@@ -355,6 +350,7 @@ def find_python_reference(
     if not any(c.function == binding for r in refs for c in r.partners):
         return f"no test calls a PyTorch function alongside {binding}"
     problems = []
+    hosts = [to_host(c) for r in refs for c in r.partners if c.function == binding]
     for p in pair(refs, binding, repo, returns, to_host)[:3]:
         body = vendor_function(repo, p.file, p.function)
         if isinstance(body, str) and body.startswith("!"):
@@ -366,8 +362,7 @@ def find_python_reference(
             + body
             + adapter(p, [n for _, n in host])
         )
-        calls = [to_host(c) for r in refs for c in r.partners if c.function == binding]
-        calls = [a for a in calls if a is not None and p.covers(a)][:3]
+        calls = [a for a in hosts if a is not None and p.covers(a)][:3]
         checked = run_checker(
             REFCHECK, {"code.py": code, "calls.pt": calls}, "the reference", CHECK_TIMEOUT_S
         )

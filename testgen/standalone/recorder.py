@@ -163,7 +163,7 @@ class _Log:
         self._test[0].append(len(self.calls))
         self.calls.append((function, snap, named))
 
-    def begin(self, *_name) -> None:
+    def begin(self) -> None:
         """A test (or a script's statement) starts: the Python functions the last one called
         are paired with the extension calls it made, before or after them."""
         calls, refs = self._test
@@ -175,12 +175,15 @@ class _Log:
                 self._paired[self.refs[k][:2]] = self._paired.get(self.refs[k][:2], 0) + 1
         self._test = ([], [])
 
-    def add_ref(self, where: tuple, args: list, kwargs: dict, result) -> None:
+    def wants_ref(self, where: tuple, values: list) -> bool:
+        """Whether a call of a possible reference is worth snapshotting."""
         if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
-            return
+            return False
+        return not any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
+
+    def add_ref(self, where: tuple, args: list, kwargs: dict, result) -> None:
         out = _snapshot_result(result)
-        values = [*args, *kwargs.values(), *out]
-        if any(x is _TOO_BIG or getattr(x, "numel", int)() > MAX_REF_ELEMENTS for x in values):
+        if any(x is _TOO_BIG for x in out) or not self.wants_ref(where, out):
             return
         self._test[1].append(len(self.refs))
         self.refs.append((where[0], where[1], list(args), dict(kwargs), out, []))
@@ -195,12 +198,7 @@ class _Log:
 
             @functools.wraps(fn)
             def recorded(*args, **kwargs):
-                values = [*args, *kwargs.values()]
-                if (
-                    self.paused
-                    or self._paired.get((file, name), 0) >= MAX_REF_CALLS
-                    or any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
-                ):
+                if not self.wants_ref((file, name), [*args, *kwargs.values()]):
                     return fn(*args, **kwargs)
                 snap_args = [_snapshot(a) for a in args]
                 snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
@@ -631,8 +629,8 @@ def _run_script(path: str, tree: ast.Module) -> None:
     tree = _transform(tree, path, _DisarmedLoader.repo)
     go_on = _GoOn()
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            go_on.visit(node)
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("test"):
+            go_on.visit(node)  # (test functions already go on: _TagRefs)
         elif _is_main_block(node):
             body = []
             for stmt in go_on.guard(node.body):  # each statement a test of its own
@@ -1002,7 +1000,7 @@ def main(argv: list[str]) -> int:
 
         @staticmethod
         def pytest_runtest_setup(item):
-            log.begin(item.nodeid)
+            log.begin()
             if time.monotonic() - started > RECORD_BUDGET_S:  # what was recorded is kept
                 pytest.skip("kminer: the recording's time is up")
 
