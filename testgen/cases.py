@@ -28,7 +28,7 @@ from testgen.interp import Unmappable, evaluate, run_statements
 from testgen.resize import conv_resize, more_rows, row_subsets
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
-MAX_BASE_CALLS = 6
+MAX_BASE_CALLS = 8
 MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
 MAX_BINDING_CALLS = 4  # calls derived at the binding, then carried down (binding_variants)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
@@ -322,6 +322,24 @@ def mode_key(args: list) -> tuple:
     )
 
 
+def _spread(queue: list[BaseCall]) -> list[BaseCall]:
+    """A mode's first call (its typical case), then its other shapes spread evenly from the
+    smallest to the largest: a launcher that picks its kernel by a size (`channels > 1024`)
+    gets calls on each side of its thresholds, not only the first sizes a test lists."""
+    first, distinct, again = queue[0], {}, []
+    for b in queue[1:]:
+        key = shape_key(b.args)
+        if key in distinct or key == shape_key(first.args):
+            again.append(b)
+        else:
+            distinct[key] = b
+    by_size = sorted(distinct.values(), key=lambda b: _size(b.args))
+    n, k = len(by_size), min(MAX_BASE_CALLS - 1, len(by_size))
+    picks = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0][:k]
+    rest = [b for i, b in enumerate(by_size) if i not in picks]
+    return [first, *(by_size[i] for i in picks), *rest, *again]
+
+
 def _diverse(found: list[BaseCall]) -> list[BaseCall]:
     """MAX_BASE_CALLS of the calls, round robin over modes, each turn taking a shape not taken
     yet where the mode has one: a kernel that only one mode launches (scatter's arg kernel: min
@@ -329,6 +347,7 @@ def _diverse(found: list[BaseCall]) -> list[BaseCall]:
     modes: dict[tuple, list[BaseCall]] = {}
     for b in found:
         modes.setdefault(mode_key(b.args), []).append(b)
+    modes = {m: _spread(queue) for m, queue in modes.items()}
     ordered: list[BaseCall] = []
     shapes: set[tuple] = set()
     while len(ordered) < min(MAX_BASE_CALLS, len(found)):

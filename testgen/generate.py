@@ -26,6 +26,7 @@ from testgen.cases import (
     label_dtypes,
     plan,
 )
+from testgen.grad_reference import find_grad_reference
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
 from testgen.made_inputs import RULE_ORIGIN, exposed_params, exposed_signature, rule_calls
@@ -162,8 +163,10 @@ def _python_reference(cand, refs, recorded, python_fn, function, label_text, wor
         workdir,
         to_host,
     )
-    if isinstance(found, str):
-        return found
+    if isinstance(found, str):  # a backward op: autograd of the forward's PyTorch function
+        args = (refs, python_fn, list(full.params), full.returns, workdir, to_host)
+        grad = find_grad_reference(cand, recorded, *args) if python_fn else found
+        return f"{found}; {grad}" if isinstance(grad, str) and grad != found else grad
     ref, pairing = found
     return ref, [c for c in recorded.get(python_fn, []) if pairing.covers(to_host(c) or [])]
 
@@ -180,6 +183,10 @@ def generate_for(
     # without a known binding, every recorded call is tried: the chain decides which fit
     calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
+    if f"{cand.kernel.name}" not in label_text or "__global__" not in label_text:
+        why = f"the label defines no __global__ {cand.kernel.name} (a revision without it?)"
+        _skip(cand, Reason.UPSTREAM_FAILED, why, reference_kind="")
+        return
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     sig = exposed_params(refs, function, label_text)
     if isinstance(found, str):  # the repository's PyTorch function its tests compare with

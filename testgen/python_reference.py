@@ -270,25 +270,28 @@ def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None
     return Pairing(name, file, sources, outputs, fixed, len(pairs))
 
 
-def adapter(p: Pairing, host_params: list[str]) -> str:
-    """`reference(<host parameters>)`: the function called with what the pairs showed."""
+def adapter(
+    p: Pairing, host_params: list[str], name: str = "reference", helpers: bool = True
+) -> str:
+    """`reference(<host parameters>)`: the function called with what the pairs showed (a
+    second adapter in the same file takes another `name`, and the helpers once)."""
     args = ", ".join(host_params)
+    fixed = f"_FIXED_{name.upper().strip('_')}"
     lines = [
         "",
         "",
         "# kminer's adapter: the host function's arguments, as the repository's tests pair them",
         f"# with `{p.function}` ({p.pairs} recorded pairs), and its outputs back where the",
         "# kernel's go.",
-        f"_FIXED = {p.fixed!r}",
+        f"{fixed} = {p.fixed!r}",
         "",
-        "",
-        inspect.getsource(_plain),
-        "",
-        inspect.getsource(_kind),
-        "",
-        f"def reference({args}):",
+    ]
+    if helpers:
+        lines += ["", inspect.getsource(_plain), "", inspect.getsource(_kind), ""]
+    lines += [
+        f"def {name}({args}):",
         f"    args = [{args}]",
-        "    for k, kind in _FIXED.items():",
+        f"    for k, kind in {fixed}.items():",
         "        if _kind(args[k]) != kind:",
         "            raise RuntimeError(f'kminer: argument {k} is {_kind(args[k])}, the "
         "reference was paired only with {kind}')",
@@ -363,25 +366,34 @@ def find_python_reference(
             + adapter(p, [n for _, n in host])
         )
         calls = [a for a in hosts if a is not None and p.covers(a)][:3]
-        checked = run_checker(
-            REFCHECK, {"code.py": code, "calls.pt": calls}, "the reference", CHECK_TIMEOUT_S
-        )
-        if isinstance(checked, str):
-            problems.append(f"{p.function}: {checked.splitlines()[-1][:200] if checked else ''}")
+        ref = checked_reference(cand, code, p, host, workdir, calls)
+        if isinstance(ref, str):
+            problems.append(f"{p.function}: {ref}")
             continue
-        rel = f"references/{cand.id}.py"
-        (workdir / "references").mkdir(exist_ok=True)
-        (workdir / rel).write_text(code, encoding="utf-8")
-        ref = Reference(
-            kind="python",
-            function=p.function,
-            file=p.file,
-            path=rel,
-            hash=hashlib.sha256(code.encode()).hexdigest()[:20],
-            exposed="reference",
-            signature=[t for t, _ in host],
-        )
         return ref, p
     if not problems:
         return f"no PyTorch function the tests call maps onto {binding}'s arguments and outputs"
     return "; ".join(problems)[:600]
+
+
+def checked_reference(
+    cand: Candidate, code: str, p: Pairing, host: list, workdir: Path, calls: list, function=""
+) -> Reference | str:
+    """The reference written under references/ once it runs on `calls` in the sandbox."""
+    checked = run_checker(
+        REFCHECK, {"code.py": code, "calls.pt": calls[:3]}, "the reference", CHECK_TIMEOUT_S
+    )
+    if isinstance(checked, str):
+        return checked.splitlines()[-1][:200] if checked else "the check failed"
+    rel = f"references/{cand.id}.py"
+    (workdir / "references").mkdir(exist_ok=True)
+    (workdir / rel).write_text(code, encoding="utf-8")
+    return Reference(
+        kind="python",
+        function=function or p.function,
+        file=p.file,
+        path=rel,
+        hash=hashlib.sha256(code.encode()).hexdigest()[:20],
+        exposed="reference",
+        signature=[t for t, _ in host],
+    )

@@ -6,8 +6,11 @@ from types import SimpleNamespace
 
 import torch
 
+from miner.discover import discover
+from testgen.grad_reference import find_grad_reference, forward_of
 from testgen.inputs import record_repo_calls
 from testgen.python_reference import adapter, find_python_reference, pair
+from testgen.reference import RepoRefs
 from testgen.vendor import vendor_function
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pyrefrepo"
@@ -99,3 +102,60 @@ def test_vendoring_refuses_third_party_imports_and_follows_repository_helpers(tm
     assert vendor_function(tmp_path, "pkg/ops.py", "bad_ref") == (
         "!needs `einops` (only torch, numpy and the standard library travel)"
     )
+
+
+BACKWARD_HOST = [
+    ("const at::Tensor&", "x"),
+    ("const at::Tensor&", "y"),
+    ("const at::Tensor&", "grad_out"),
+    ("at::Tensor&", "grad_x"),
+    ("at::Tensor&", "grad_y"),
+    ("bool", "doubled"),
+]
+
+
+def test_forward_of_a_backward_binding_is_named_like_it():
+    names = {"ms_deform_attn_forward", "ms_deform_attn_backward", "nms", "roi_align_forward"}
+    assert forward_of("ms_deform_attn_backward", names) == "ms_deform_attn_forward"
+    assert forward_of("causal_conv1d_bwd", {"causal_conv1d_fwd", "causal_conv1d_update"}) == (
+        "causal_conv1d_fwd"
+    )
+    assert forward_of("scale_add_backward", {"scale_add"}) == "scale_add"
+    assert forward_of("roi_align_forward", names) is None  # not a backward op
+    assert forward_of("nms_backward", {"roi_align_forward"}) is None
+
+
+def test_backward_binding_is_checked_against_autograd_of_the_forward_reference(tmp_path):
+    repo, recorded = _recorded(tmp_path)
+    assert "scale_add_backward" not in recorded  # the tests never reach the backward
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    refs = RepoRefs(discover(repo))
+    found = find_grad_reference(
+        SimpleNamespace(id="bwd"),
+        recorded,
+        refs,
+        "scale_add_backward",
+        BACKWARD_HOST,
+        "void",
+        workdir,
+        lambda call: list(call.args),  # the binding is the host function
+    )
+    assert not isinstance(found, str), found
+    ref, calls = found
+    assert (ref.kind, ref.function) == ("python", "autograd of scale_add_ref")
+    # one backward call per recorded forward call: its x and y, a gradient shaped like its
+    # output, zero buffers for the gradients it writes, its mode
+    assert len(calls) == 4 and {c.args[5] for c in calls} == {True, False}
+    for c in calls:
+        x, y, grad_out, grad_x, grad_y, _ = c.args
+        assert grad_out.shape == x.shape and not torch.equal(grad_out, torch.zeros_like(x))
+        assert torch.equal(grad_x, torch.zeros_like(x)) and torch.equal(grad_y, torch.zeros_like(y))
+    namespace: dict = {}
+    exec(compile((workdir / ref.path).read_text(), "reference.py", "exec"), namespace)
+    x, y, g = torch.randn(6), torch.randn(6), torch.randn(6)
+    for flag, factor in ((False, 1.0), (True, 2.0)):
+        gx, gy = torch.zeros(6), torch.zeros(6)
+        with torch.no_grad():  # as a test calls it
+            namespace["reference"](x, y, g, gx, gy, flag)
+        assert torch.allclose(gx, g * 0.5 * factor) and torch.allclose(gy, g * factor)

@@ -425,10 +425,24 @@ def test_base_calls_spread_over_modes_before_shapes():
     found.append(call(5, "sum", out=torch.zeros(1)))  # an optional out given: the same mode
     assert mode_key(found[-1].args) == mode_key(found[0].args)
     kept = _diverse(found)
-    assert [b.args[3] for b in kept][:3] == ["sum", "min", "max"] and len(kept) == 6
+    assert [b.args[3] for b in kept][:3] == ["sum", "min", "max"] and len(kept) == 8
     p = plan(kept, ["float32"])
     large = {kept[c["base"]].args[3] for c in p.cases if c["edge"] == "large"}
     assert large == {"sum", "min", "max"}
+
+
+def test_base_calls_spread_over_sizes_reach_each_side_of_a_launch_threshold():
+    """ms_deform_attn picks one of six backward kernels by `channels` (<= 32, 64..1024, > 1024
+    and a multiple of 1024, ...): the kept calls must span the sizes the tests use, not stop
+    at the first few they list."""
+    from testgen.cases import _diverse
+
+    channels = [2, 30, 32, 64, 71, 1025, 2048, 3096, 4096, 5000]
+    found = [BaseCall([torch.rand(1, 3, c), "sum"], "t.py") for c in channels]
+    kept = [b.args[0].shape[-1] for b in _diverse(found)]
+    assert kept[0] == 2  # the first call stays the typical case
+    assert len(kept) == 8 and {30, 5000} <= set(kept)  # the smallest and the largest
+    assert {64, 1025, 2048} & set(kept) and len({c > 1024 for c in kept}) == 2
 
 
 def test_atomic_slots_make_outputs_order_free():

@@ -1,7 +1,7 @@
 """Scripts kminer runs as processes of their own, never inside its own process.
 
 The runner (a bundle's `run.py`) and its batched builds go to a GPU box that has python, torch
-and pytest and nothing of kminer; the recorder and the two checkers run repository or model code
+and pytest and nothing of kminer; the recorder and the checkers run repository or model code
 in the sandbox. So these files import only the standard library, torch and pytest, and each
 other as siblings (`from testgen.standalone import prebuild` here, `import prebuild` beside
 run.py in a bundle). Four kminer files travel with them and keep the same rule:
@@ -17,3 +17,4 @@ PREBUILD = HERE / "prebuild.py"  # run.py's batched builds
 RECORDER = HERE / "recorder.py"  # a repository's test file, its extension calls recorded
 CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
 REFCHECK = HERE / "refcheck.py"  # a model's reference, checked
+REFRUN = HERE / "refrun.py"  # a reference kminer assembled, run for its outputs

@@ -1,0 +1,321 @@
+"""A backward kernel checked against autograd of the repository's own forward PyTorch function.
+
+Repositories that keep a pure-PyTorch forward (`multi_scale_deformable_attn_pytorch`) almost
+never keep a backward one: their tests check gradients through the op's autograd Function,
+which the recorder cannot run (the extension is absent, so the forward returns nothing and
+backward is never called). Yet a backward binding takes the forward's arguments by name plus the
+gradient of its output, and computes the gradients of the forward's floating inputs. So every
+recorded forward call that the forward function was paired with gives a backward call: the
+forward's arguments by name, a seeded random gradient shaped like the forward's output, zero
+buffers for the gradients it writes. `torch.autograd.grad` through the vendored forward, run in
+the sandbox, says what the backward must compute; those calls are then paired with the backward
+label's host function by value like any other (python_reference._pair_all), and the vendored
+forward, its adapter, the gradient step and the backward adapter make one reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from testgen.inputs import RecordedCall, RefCall
+from testgen.python_reference import (
+    Pairing,
+    _pair_all,
+    adapter,
+    checked_reference,
+    pair,
+)
+from testgen.sandbox import run_checker
+from testgen.standalone import REFRUN
+from testgen.vendor import vendor_function
+
+RUN_TIMEOUT_S = 180.0
+MAX_CALLS = 24
+_DIRECTION = {"backward", "bwd", "grad", "forward", "fwd"}
+_GRAD_OF = re.compile(r"^(?:grad_?|d_?)(?P<a>\w+)$|^(?P<b>\w+?)_?grad$")
+_OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
+
+
+def _stem(name: str) -> tuple[str, bool]:
+    """The op's name without its direction, and whether the name says backward."""
+    words = name.lower().split("_")
+    back = any(w in ("backward", "bwd", "grad") for w in words)
+    return "_".join(w for w in words if w not in _DIRECTION), back
+
+
+def forward_of(binding: str, names) -> str | None:
+    """The forward binding of a backward one among `names` (`x_backward` → `x_forward`, `x`)."""
+    stem, back = _stem(binding)
+    if not back:
+        return None
+    found = [n for n in sorted(set(names)) if n != binding and _stem(n) == (stem, False)]
+    return found[0] if found else None
+
+
+def _role(name: str, fwd: list[str], outputs: set[str]):
+    """What a backward parameter holds: one of the forward's ("input", p), the gradient it
+    writes for forward input p ("grad", p), the gradient of a forward output ("out_grad",)
+    (`outputs`: the forward's parameters it writes its outputs into)."""
+    if name in fwd:
+        return ("input", name)
+    m = _GRAD_OF.match(name)
+    base = m and (m.group("a") or m.group("b"))
+    if base in fwd and base not in outputs:
+        return ("grad", base)
+    if base in outputs or _OUTPUT_GRAD.search(name):
+        return ("out_grad",)
+    return None
+
+
+def _binding_args(call: RecordedCall, refs) -> list | None:
+    from testgen.cases import Unmappable, bind_call
+
+    try:
+        params, bound = bind_call(call, refs)
+    except Unmappable:
+        return None
+    return [bound[p] for p in params]
+
+
+class _Plan:
+    """How the backward's arguments come from a forward call and what it must output."""
+
+    def __init__(self, p: Pairing, fwd: list[str], bwd: list[str], roles: list) -> None:
+        self.p, self.fwd, self.bwd, self.roles = p, fwd, bwd, roles
+        self.out_targets = [j for j, t in enumerate(p.outputs) if t]
+        self.inputs = [k for k, r in enumerate(roles) if r[0] != "grad"]
+        self.grads = [r[1] for r in roles if r[0] == "grad"]
+        read = {src[1] for src in p.params.values() if src[0] == "arg"}
+        self.leaves = sorted(read)  # forward positions whose gradient may be asked
+        self.written = {t[1]: j for j, t in enumerate(p.outputs) if t and t[0] == "arg"}
+
+    def backward_call(self, fargs: list, outs: list, seed: int) -> list | None:
+        """The backward's arguments for a forward call whose outputs (in `out_targets`
+        order) are `outs`."""
+        import torch
+
+        floating = [o for o in outs if hasattr(o, "is_floating_point") and o.is_floating_point()]
+        if not floating or sum(r[0] == "out_grad" for r in self.roles) > len(floating):
+            return None
+        gen = torch.Generator().manual_seed(seed)
+        args, used = [], 0
+        for role in self.roles:
+            k = self.fwd.index(role[1]) if len(role) > 1 else None
+            if role[0] == "input":
+                j = self.written.get(k)
+                args.append(outs[self.out_targets.index(j)] if j is not None else fargs[k])
+            elif role[0] == "grad":
+                if not hasattr(fargs[k], "shape"):
+                    return None
+                args.append(torch.zeros_like(fargs[k]))
+            else:
+                o = floating[used]
+                used += 1
+                args.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype))
+        return args
+
+    def code(self, forward_body: str) -> str:
+        """The forward, its adapter, `kminer_backward(<backward inputs>)` returning the
+        gradients in the order the backward outputs them, and `kminer_run` for refrun."""
+        names = [self.bwd[k] for k in self.inputs]
+        fexpr = []
+        for k, pname in enumerate(self.fwd):
+            if pname in self.bwd and self.roles[self.bwd.index(pname)][0] == "input":
+                fexpr.append(pname)
+            elif k in self.written:
+                fexpr.append("None")  # an output the forward writes: made below
+            else:
+                return ""
+        out_grads = [self.bwd[k] for k, r in enumerate(self.roles) if r[0] == "out_grad"]
+        # the gradients it writes, by name; else those it returns, in the forward's order
+        wanted = [self.fwd.index(g) for g in self.grads] or "leaves"
+        lines = [
+            forward_body,
+            adapter(self.p, self.fwd, name="_forward"),
+            "",
+            "",
+            "# kminer: the backward is the gradient of the forward above (torch.autograd).",
+            f"def kminer_backward({', '.join(names)}):",
+            f"    fargs = [{', '.join(fexpr)}]",
+            f"    grads_out = [{', '.join(out_grads)}]",
+            f"    for k in {sorted(self.written)!r}:",
+            "        fargs[k] = torch.empty_like(grads_out[0])",
+            f"    leaves = [k for k in {self.leaves!r} if getattr(fargs[k], 'is_floating_point',"
+            " bool)()]",
+            "    for k in leaves:",
+            "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
+            "    with torch.enable_grad():",
+            "        result = _forward(*fargs)",
+            "        returned = list(result) if isinstance(result, (list, tuple)) else (",
+            "            [] if result is None else [result])",
+            "        outs = []",
+        ]
+        for j in self.out_targets:
+            target = self.p.outputs[j]
+            if target[0] == "return":
+                lines.append("        outs.append(returned.pop(0))")
+            else:
+                lines.append(f"        outs.append(fargs[{target[1]}])")
+        lines += [
+            "        outs = [o for o in outs if o is not None and o.requires_grad]",
+            "        pairs = list(zip(outs, grads_out))",
+            "        found = torch.autograd.grad(",
+            "            [o for o, _ in pairs], [fargs[k] for k in leaves],",
+            "            [g.to(o.dtype) for o, g in pairs], allow_unused=True)",
+            "    by = dict(zip(leaves, found))",
+            "    return [by[k].detach() if by.get(k) is not None else torch.zeros_like(fargs[k])",
+            f"            for k in {wanted}]",
+            "",
+            "",
+            "def kminer_forward(*fargs):",
+            "    returned = _forward(*fargs)",
+            "    returned = list(returned) if isinstance(returned, (list, tuple)) else (",
+            "        [] if returned is None else [returned])",
+            "    outs = []",
+            *[
+                "    outs.append(returned.pop(0))"
+                if self.p.outputs[j][0] == "return"
+                else f"    outs.append(fargs[{self.p.outputs[j][1]}])"
+                for j in self.out_targets
+            ],
+            "    return outs",
+            "",
+            "",
+            "def kminer_gradients(*args):",
+            f"    return kminer_backward(*[args[k] for k in {self.inputs!r}])",
+            "",
+        ]
+        return "\n".join(lines)
+
+
+def find_grad_reference(
+    cand, recorded, refs, binding: str, host: list, returns: str, workdir: Path, to_host
+):
+    """(Reference, the backward calls it covers) for a backward `binding`, from the forward
+    the tests pair with a PyTorch function; or why there is none."""
+    repo = Path(refs.disc.root)
+    found = _grad_code(binding, recorded, refs, repo, to_host, returns)
+    if isinstance(found, str):
+        return found
+    code, back, calls, forward = found
+    code += adapter(back, [n for _, n in host], helpers=False)
+    hosts = [h for h in (to_host(c) for c in calls) if h is not None and back.covers(h)]
+    ref = checked_reference(cand, code, back, host, workdir, hosts, f"autograd of {forward}")
+    if isinstance(ref, str):
+        return f"the gradient of the forward: {ref}"
+    return ref, [c for c in calls if back.covers(to_host(c) or [])]
+
+
+_RUNS: dict[str, list | str] = {}  # the kernels of one backward op ask the same twice
+MAX_RUNS_KEPT = 64
+
+
+def _run(code: str, entry: str, calls: list, what: str) -> list | str:
+    """`entry` of the assembled code run on each call in the sandbox: its outputs, or why not."""
+    if not calls:
+        return []
+    import io
+
+    import torch
+
+    blob = io.BytesIO()
+    torch.save(calls, blob)
+    key = hashlib.sha256(f"{entry}\0{code}".encode() + blob.getvalue()).hexdigest()
+    if key not in _RUNS:
+        if len(_RUNS) >= MAX_RUNS_KEPT:
+            _RUNS.pop(next(iter(_RUNS)))
+        _RUNS[key] = _sandboxed(code, entry, calls, what)
+    return _RUNS[key]
+
+
+def _sandboxed(code: str, entry: str, calls: list, what: str) -> list | str:
+    ran = run_checker(
+        REFRUN,
+        {"code.py": f"{code}\nkminer_run = {entry}\n", "calls.pt": calls},
+        what,
+        RUN_TIMEOUT_S,
+        outputs=("results.pt",),
+    )
+    if isinstance(ran, str):
+        return ran.splitlines()[-1][:200] if ran else f"{what} failed"
+    return ran["results.pt"]
+
+
+def _forward_calls(calls: list, p: Pairing, refs) -> list[RecordedCall]:
+    """The recorded forward calls the pairing covers (its tests' gradient checks included),
+    one per shape first, at most MAX_CALLS."""
+    covered, shapes = [], set()
+    for c in calls:
+        fargs = _binding_args(c, refs)
+        if fargs is not None and p.covers(fargs):
+            covered.append(RecordedCall(c.function, fargs, {}, c.test_file))
+    picked, rest = [], []
+    for c in covered:
+        key = tuple(tuple(getattr(a, "shape", ())) for a in c.args)
+        (rest if key in shapes else picked).append(c)
+        shapes.add(key)
+    return (picked + rest)[:MAX_CALLS]
+
+
+def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
+    """(code, Pairing, backward calls, forward function) for a backward `binding`; or why
+    there is none."""
+    refs_list = getattr(recorded, "refs", [])
+    partners = {c.function for r in refs_list for c in r.partners}
+    fwd_name = forward_of(binding, partners)
+    if fwd_name is None:
+        return f"no forward op beside {binding} is paired with a PyTorch function"
+    fwd, bwd = refs.params_of(fwd_name), refs.params_of(binding)
+    item = refs.definition(fwd_name)
+    sig = refs.signature(item) if item else None
+    if not fwd or not bwd or sig is None:
+        return f"{fwd_name} or {binding} has no signature to pair"
+    problems = []
+    for p in pair(refs_list, fwd_name, repo, sig.returns, lambda c: _binding_args(c, refs))[:2]:
+        written = {fwd[t[1]] for t in p.outputs if t and t[0] == "arg"}
+        roles = [_role(n, fwd, written) for n in bwd]
+        if None in roles or not any(r[0] == "out_grad" for r in roles):
+            odd = [n for n, r in zip(bwd, roles, strict=True) if r is None]
+            what = ", ".join(odd) or "output gradient"
+            problems.append(f"{binding}'s {what} is no forward input of {fwd_name}")
+            continue
+        plan = _Plan(p, fwd, bwd, roles)
+        body = vendor_function(repo, p.file, p.function)
+        if body.startswith("!"):
+            problems.append(f"{p.function}: {body[1:]}")
+            continue
+        code = plan.code(body)
+        forward_calls = _forward_calls(recorded.get(fwd_name, []), p, refs)
+        if not code or not forward_calls:
+            problems.append(f"{p.function}: no backward call follows from its forward calls")
+            continue
+        outs = _run(code, "kminer_forward", [c.args for c in forward_calls], "the forward")
+        if isinstance(outs, str):
+            problems.append(f"{p.function}: {outs}")
+            continue
+        calls: list[RecordedCall] = []
+        for seed, (c, o) in enumerate(zip(forward_calls, outs, strict=True)):
+            args = plan.backward_call(c.args, o, seed)
+            if args is not None:
+                calls.append(RecordedCall(binding, args, {}, c.test_file))
+        grads = _run(code, "kminer_gradients", [c.args for c in calls], "its gradient")
+        if isinstance(grads, str):
+            problems.append(f"{p.function}: {grads}")
+            continue
+        names = [bwd[k] for k in plan.inputs]
+        bound = []
+        for call, result in zip(calls, grads, strict=False):
+            host = to_host(call)
+            if host is None:
+                continue
+            values = dict(zip(names, [call.args[k] for k in plan.inputs], strict=True))
+            ref = RefCall("kminer_backward", p.file, list(values.values()), {}, result)
+            bound.append((RecordedCall(binding, host, {}, call.test_file), ref, values))
+        back = _pair_all(bound, p.file, "kminer_backward", returns) if bound else None
+        if back is None:
+            problems.append(f"{p.function}: its gradients do not map onto {binding}'s outputs")
+            continue
+        return code, back, calls, p.function
+    return "; ".join(problems)[:600] or f"no PyTorch function pairs with {fwd_name}"
