@@ -136,6 +136,9 @@ def test_torch_ops_of_the_repository_record(gpu_repo_calls):
     ]
     assert calls[0].args[1].dtype == torch.int64
     assert calls[0].test_file == "tests/test_ops.py"
+    # an operator its C++ registers under a namespace that is no package of the repository
+    (maxed,) = gpu_repo_calls["segment_max"]  # torch.ops.segops.segment_max(src, indptr)
+    assert _values(maxed) == [[1.0, 2.0, 3.0, 4.0], [0, 1, 4]]
 
 
 def test_unknown_torch_backends_and_guarded_imports_do_not_stop_a_file(gpu_repo_calls):

@@ -497,6 +497,36 @@ def _extension_names(repo: str) -> set[str]:
     return names
 
 
+_OP_NAMESPACE = re.compile(
+    r"\bTORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,"  # TORCH_LIBRARY(ns, m)
+    r"|\.(?:op|def)\s*\(\s*\"(\w+)::\w+"  # RegisterOperators().op("ns::name" / m.def("ns::..."
+)
+_TORCH_NAMESPACES = {"aten", "prim", "prims", "quantized", "_quantized", "profiler", "c10d"}
+_SOURCES = (".cpp", ".cc", ".cxx", ".cu", ".h", ".hpp", ".cuh")
+MAX_SOURCE_BYTES = 2 << 20
+
+
+def _op_namespaces(repo: str) -> set[str]:
+    """Namespaces the repository's C++ registers operators in (`TORCH_LIBRARY(my_ops, m)`,
+    `RegisterOperators().op("my_ops::f", ...)`): `torch.ops.my_ops.f(...)` reaches its
+    extension whatever its Python package is called."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            path = os.path.join(root, name)
+            if not name.endswith(_SOURCES) or os.path.getsize(path) > MAX_SOURCE_BYTES:
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if "TORCH_LIBRARY" in text or "RegisterOperators" in text:
+                found |= {a or b for a, b in _OP_NAMESPACE.findall(text)}
+    return found - _TORCH_NAMESPACES
+
+
 def _disarm_assertions() -> None:
     """The recorder computes nothing, so checks on results would stop a test at its first case."""
     import numpy
@@ -692,12 +722,13 @@ class _Raises:
 
 
 def _record_torch_ops(finder: _Finder) -> None:
-    """Custom operators of the repository (`torch.ops.torch_scatter.scatter_max(...)`) record;
+    """Custom operators of the repository (`torch.ops.torch_scatter.scatter_max(...)`, under
+    its packages' names or the namespaces its C++ registers) record;
     loading the repository's own operator libraries does nothing (they are not built here)."""
     import torch
 
-    for package in finder.packages:
-        setattr(torch.ops, package, _Recorder(f"torch.ops.{package}", finder.log))
+    for namespace in finder.packages | _op_namespaces(finder.repo):
+        setattr(torch.ops, namespace, _Recorder(f"torch.ops.{namespace}", finder.log))
     load_library = torch.ops.load_library
 
     def load_repository_library(path):
