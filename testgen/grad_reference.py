@@ -160,6 +160,9 @@ class _Plan:
                 lines.append(f"        outs.append(fargs[{target[1]}])")
         lines += [
             "        outs = [o for o in outs if o is not None and o.requires_grad]",
+            "        if not outs:",
+            "            raise RuntimeError('kminer: the forward function is not differentiable"
+            " in torch (numpy, or no floating input reaches its output)')",
             "        pairs = list(zip(outs, grads_out))",
             "        found = torch.autograd.grad(",
             "            [o for o, _ in pairs], [fargs[k] for k in leaves],",

@@ -59,6 +59,7 @@ class RefCall:
     result: list  # its outputs (tensors, numbers or None), in order
     partners: list[RecordedCall] = field(default_factory=list)
     test_file: str = ""
+    arrays: list = field(default_factory=list)  # arguments that were numpy arrays (pos, name)
 
 
 class Recorded(dict):
@@ -115,8 +116,8 @@ def record_file(
         raw = torch.load(out, weights_only=True)
         calls = [RecordedCall(n, list(a), dict(k), rel) for n, a, k in raw["calls"]]
         refs = [
-            RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in partners], rel)
-            for file, name, a, k, res, partners in raw["refs"]
+            RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in ps], rel, *arrays)
+            for file, name, a, k, res, ps, *arrays in raw["refs"]
         ]
         return calls, refs
     except Exception as exc:  # the file's own data: its calls are lost, not the stage

@@ -53,6 +53,7 @@ class Pairing:
     outputs: list = field(default_factory=list)  # per output: ("return",) | ("arg", k) | None
     fixed: dict = field(default_factory=dict)  # binding position -> the kind it had in the pairs
     pairs: int = 0
+    arrays: list = field(default_factory=list)  # parameters the tests passed as numpy arrays
 
     def covers(self, args: list) -> bool:
         if any(_kind(args[k]) != kind for k, kind in self.fixed.items() if k < len(args)):
@@ -71,6 +72,15 @@ def _kind(value) -> str:
     if hasattr(value, "shape"):
         return "tensor"
     return repr(_plain(value))
+
+
+def _tensor(value):
+    """An output as a tensor (a reference written in numpy returns arrays)."""
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+        import torch
+
+        return torch.from_numpy(value.copy())
+    return value
 
 
 def _plain(value):
@@ -130,7 +140,15 @@ def _tensor_sources(pairs: list, name: str) -> set[int] | None:
 
 
 def _scalar_source(pairs: list, name: str):
+    import torch
+
     values = [vals[name] for _, vals in pairs]
+    if all(isinstance(v, torch.dtype) for v in values):  # `dtype`: the dtype of an argument
+        width = min(len(c.args) for c, _ in pairs)
+        for k in range(width):
+            typed = [getattr(c.args[k], "dtype", None) for c, _ in pairs]
+            if typed == values:
+                return ("dtype", k)
     if all(repr(v) == repr(values[0]) for v in values) and isinstance(values[0], (*_SCALARS, list)):
         return ("const", values[0])
     width = min(len(c.args) for c, _ in pairs)
@@ -215,6 +233,8 @@ def pair(
         bound = [(c, r, _bind(r, params)) for c, r in raw]
         pairing = _pair_all([(c, r, v) for c, r, v in bound if v is not None], file, name, returns)
         if pairing is not None:
+            arrays = {params[a] if isinstance(a, int) else a for _, r in raw for a in r.arrays}
+            pairing.arrays = sorted(a for a in arrays if a in pairing.params)
             found.append(pairing)
     return found
 
@@ -288,6 +308,7 @@ def adapter(
     ]
     if helpers:
         lines += ["", inspect.getsource(_plain), "", inspect.getsource(_kind), ""]
+        lines += [inspect.getsource(_tensor), ""]
     lines += [
         f"def {name}({args}):",
         f"    args = [{args}]",
@@ -298,8 +319,12 @@ def adapter(
         "    kwargs = {}",
     ]
     for name, src in p.params.items():
-        if src[0] == "arg":
+        if src[0] == "arg" and name in p.arrays:  # the tests passed it as a numpy array
+            lines.append(f"    kwargs[{name!r}] = args[{src[1]}].detach().cpu().numpy()")
+        elif src[0] == "arg":
             lines.append(f"    kwargs[{name!r}] = args[{src[1]}]")
+        elif src[0] == "dtype":
+            lines.append(f"    kwargs[{name!r}] = args[{src[1]}].dtype")
         elif src[0] == "const":
             lines.append(f"    kwargs[{name!r}] = {src[1]!r}")
         else:
@@ -314,6 +339,7 @@ def adapter(
     lines += [
         f"    result = {p.function}(**kwargs)",
         "    outs = list(result) if isinstance(result, (tuple, list)) else [result]",
+        "    outs = [_tensor(o) for o in outs]",
         "    returned = []",
     ]
     for j, target in enumerate(p.outputs):

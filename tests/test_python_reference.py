@@ -43,7 +43,7 @@ def test_recorder_pairs_reference_calls_with_the_extension_calls_of_the_same_tes
 
 def test_pairing_reads_tensors_tables_and_outputs_off_the_pairs(tmp_path):
     repo, recorded = _recorded(tmp_path)
-    (found,) = [p for p in pair(recorded.refs, "scale_add", repo, "void")]
+    (found,) = [p for p in pair(recorded.refs, "scale_add", repo, "void") if p.pairs == 4]
     assert found.function == "scale_add_ref"
     assert found.params["x"] == ("arg", 0) and found.params["y"] == ("arg", 1)
     assert found.params["mode"] == ("table", 3, {"False": None, "True": "double"})
@@ -73,9 +73,29 @@ def test_vendored_reference_runs_alone_and_computes_the_op(tmp_path):
     assert pairing.covers([x, y, out, True])
 
 
+def test_a_numpy_reference_gets_arrays_and_the_dtype_of_a_tensor(tmp_path):
+    repo, recorded = _recorded(tmp_path)
+    (found,) = [
+        p
+        for p in pair(recorded.refs, "scale_add", repo, "void")
+        if p.function == "scale_add_groundtruth"
+    ]
+    assert found.pairs == 2 and found.fixed == {3: "False"}  # only mode None compared with it
+    assert found.arrays == ["x", "y"] and found.params["dtype"] == ("dtype", 0)
+    assert found.outputs == [("arg", 2)]
+    code = vendor_function(repo, found.file, found.function) + adapter(found, [n for _, n in HOST])
+    namespace: dict = {}
+    exec(compile(code, "reference.py", "exec"), namespace)
+    for dtype in (torch.float32, torch.float64):
+        x, y = torch.arange(4.0, dtype=dtype), torch.ones(4, dtype=dtype)
+        out = torch.zeros(4, dtype=dtype)
+        namespace["reference"](x, y, out, False)
+        assert torch.equal(out, x * 0.5 + y)
+
+
 def test_adapter_refuses_calls_outside_the_recorded_pairs(tmp_path):
     repo, recorded = _recorded(tmp_path)
-    (found,) = pair(recorded.refs, "scale_add", repo, "void")
+    (found,) = [p for p in pair(recorded.refs, "scale_add", repo, "void") if p.pairs == 4]
     found.fixed = {3: "True"}
     namespace: dict = {"scale_add_ref": lambda x, y, mode=None: x}
     exec(adapter(found, ["x", "y", "out", "doubled"]), namespace)

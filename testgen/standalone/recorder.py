@@ -181,12 +181,12 @@ class _Log:
             return False
         return not any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
 
-    def add_ref(self, where: tuple, args: list, kwargs: dict, result) -> None:
+    def add_ref(self, where: tuple, args: list, kwargs: dict, result, arrays=()) -> None:
         out = _snapshot_result(result)
         if any(x is _TOO_BIG for x in out) or not self.wants_ref(where, out):
             return
         self._test[1].append(len(self.refs))
-        self.refs.append((where[0], where[1], list(args), dict(kwargs), out, []))
+        self.refs.append((where[0], where[1], list(args), dict(kwargs), out, [], list(arrays)))
 
     def ref_recorder(self, file: str, name: str):
         """The decorator put on a repository function that may be a reference: each call's
@@ -202,9 +202,10 @@ class _Log:
                     return fn(*args, **kwargs)
                 snap_args = [_snapshot(a) for a in args]
                 snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
+                arrays = _numpy(list(args), kwargs)
                 result = fn(*args, **kwargs)
                 with contextlib.suppress(Exception):
-                    self.add_ref((file, name), snap_args, snap_kwargs, result)
+                    self.add_ref((file, name), snap_args, snap_kwargs, result, arrays)
                 return result
 
             return recorded
@@ -248,11 +249,27 @@ def _snapshot(value):
         snap = value.detach().to("cpu", copy=True).contiguous()
         snap.__dict__.pop(_TAG, None)
         return snap
+    if _is_numpy(value):  # a reference written in numpy: its arrays as tensors (see _numpy)
+        return _snapshot(torch.from_numpy(value.copy())) if value.dtype.kind in "biuf" else None
+    if hasattr(value, "item") and type(value).__module__ == "numpy":
+        return value.item()  # a numpy scalar (torch.load with weights_only refuses one)
+    if isinstance(value, torch.dtype):
+        return value
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
         return list(value)
     return repr(value)
+
+
+def _is_numpy(value) -> bool:
+    return type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
+
+
+def _numpy(args: list, kwargs: dict) -> list:
+    """Which arguments of a reference call were numpy arrays (positions, keyword names): its
+    adapter hands them to the function as arrays again."""
+    return [k for k, a in [*enumerate(args), *kwargs.items()] if _is_numpy(a)]
 
 
 def _snapshot_result(result) -> list:
@@ -262,7 +279,7 @@ def _snapshot_result(result) -> list:
     values = list(result) if isinstance(result, (list, tuple)) else [result]
     out = []
     for v in values:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) or _is_numpy(v):
             out.append(_snapshot(v))
         elif isinstance(v, (bool, int, float, type(None))):
             out.append(v)
@@ -990,7 +1007,7 @@ def _within_budget(calls: list, refs: list) -> tuple[list, list]:
         size = _bytes(ref[:5])
         if partners and size <= left:
             left -= size
-            out_refs.append((*ref[:5], partners))
+            out_refs.append((*ref[:5], partners, *ref[6:]))
     return [calls[k] for k in sorted(kept)], out_refs
 
 
