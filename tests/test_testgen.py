@@ -528,3 +528,28 @@ def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_pa
     assert code == 0 and rep["outcome"] == "pass", rep
     code, rep = _run_generated(tmp_path, cand, bad)
     assert code != 0 and rep["outcome"] == "mismatch", rep
+
+
+def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
+    """A Python reference that loops over rows is fine on the recorded inputs and endless on
+    their x37 tiling: that case is invalid (left out with its reason), not the whole test's
+    timeout."""
+    import importlib.util
+    import time
+    from types import SimpleNamespace
+
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
+    spec = importlib.util.spec_from_file_location("generated", tmp_path / cand.tests.path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.REFERENCE_CASE_S = 1
+    endless = SimpleNamespace(reference=lambda *args: time.sleep(60))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="took over 1s"):
+        module._reference(endless, [torch.ones(3), torch.zeros(3), False])
+    assert time.monotonic() - started < 10
+    quick = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x * 2), None][1])
+    got, note = module._reference(quick, [torch.ones(3), torch.zeros(3), False])
+    assert note == "" and any(torch.equal(g, torch.full((3,), 2.0)) for g in got)
