@@ -553,3 +553,27 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
     quick = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x * 2), None][1])
     got, note = module._reference(quick, [torch.ones(3), torch.zeros(3), False])
     assert note == "" and any(torch.equal(g, torch.full((3,), 2.0)) for g in got)
+
+
+def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_path):
+    """Large edge values in float16: the reference (run in float32) gives 1e5 where a half
+    kernel can only give inf; that case says nothing about the kernel."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
+    spec = importlib.util.spec_from_file_location("generated", tmp_path / cand.tests.path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.DEVICE = "cpu"
+    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None}
+    x = torch.full((4,), 400.0, dtype=torch.float16)
+    base = [[x, torch.zeros(4, dtype=torch.float16), False]]
+    label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x * x), 4][1]})
+    squares = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x * x), 4][1])
+    result = module._run_case(case, base, label, squares)
+    assert result["ok"] is None and "overflows float16" in result["note"]
+    base[0][0] = torch.full((4,), 100.0, dtype=torch.float16)  # 1e4 fits: compared
+    assert module._run_case(case, base, label, squares)["ok"] is True
