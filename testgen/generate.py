@@ -26,7 +26,7 @@ from testgen.cases import (
     label_dtypes,
     plan,
 )
-from testgen.grad_reference import find_grad_reference
+from testgen.grad_reference import find_grad_reference, is_backward
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
 from testgen.made_inputs import RULE_ORIGIN, exposed_params, exposed_signature, rule_calls
@@ -164,9 +164,11 @@ def _python_reference(cand, refs, recorded, python_fn, function, label_text, wor
         to_host,
     )
     if isinstance(found, str):  # a backward op: autograd of the forward's PyTorch function
+        if not is_backward(python_fn):
+            return found
         args = (refs, python_fn, list(full.params), full.returns, workdir, to_host)
-        grad = find_grad_reference(cand, recorded, *args) if python_fn else found
-        return f"{found}; {grad}" if isinstance(grad, str) and grad != found else grad
+        grad = find_grad_reference(cand, recorded, *args)
+        return f"{found}; {grad}" if isinstance(grad, str) else grad
     ref, pairing = found
     return ref, [c for c in recorded.get(python_fn, []) if pairing.covers(to_host(c) or [])]
 

@@ -45,6 +45,10 @@ def _stem(name: str) -> tuple[str, bool]:
     return "_".join(w for w in words if w not in _DIRECTION), back
 
 
+def is_backward(binding: str) -> bool:
+    return bool(binding) and _stem(binding)[1]
+
+
 def forward_of(binding: str, names) -> str | None:
     """The forward binding of a backward one among `names` (`x_backward` → `x_forward`, `x`)."""
     stem, back = _stem(binding)
