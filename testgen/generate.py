@@ -185,7 +185,8 @@ def generate_for(
     # without a known binding, every recorded call is tried: the chain decides which fit
     calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
-    if f"{cand.kernel.name}" not in label_text or "__global__" not in label_text:
+    named = cand.kernel.name in label_text or bool(cand.kernel.from_macro)  # (a pasted name)
+    if not named or "__global__" not in label_text:
         why = f"the label defines no __global__ {cand.kernel.name} (a revision without it?)"
         _skip(cand, Reason.UPSTREAM_FAILED, why, reference_kind="")
         return

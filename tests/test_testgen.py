@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_reference import candidate, kernel
 
-from miner.candidate import StageName, StageResult, Status
+from miner.candidate import Reason, StageName, StageResult, Status
 from testgen.cases import (
     BaseCall,
     carry_down,
@@ -577,3 +577,13 @@ def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_pat
     assert result["ok"] is None and "overflows float16" in result["note"]
     base[0][0] = torch.full((4,), 100.0, dtype=torch.float16)  # 1e4 fits: compared
     assert module._run_case(case, base, label, squares)["ok"] is True
+
+
+def test_a_label_revised_without_its_kernel_is_upstream_failed_not_a_crash(refrepo, tmp_path):
+    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    (tmp_path / cand.wrapper.label_path).write_text("// curator: comment only\n")
+    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
+    r = cand.stage(StageName.TESTGEN)
+    assert (r.status, r.reason) == (Status.SKIPPED, Reason.UPSTREAM_FAILED)
+    assert "compact_any_order_cuda_kernel" in r.detail
