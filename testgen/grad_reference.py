@@ -19,6 +19,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from testgen.cases import Unmappable, bind_call, shape_key
 from testgen.inputs import RecordedCall, RefCall
 from testgen.python_reference import (
     Pairing,
@@ -74,8 +75,6 @@ def _role(name: str, fwd: list[str], outputs: set[str]):
 
 
 def _binding_args(call: RecordedCall, refs) -> list | None:
-    from testgen.cases import Unmappable, bind_call
-
     try:
         params, bound = bind_call(call, refs)
     except Unmappable:
@@ -121,8 +120,10 @@ class _Plan:
         return args
 
     def code(self, forward_body: str) -> str:
-        """The forward, its adapter, `kminer_backward(<backward inputs>)` returning the
-        gradients in the order the backward outputs them, and `kminer_run` for refrun."""
+        """The forward, its adapter, `kminer_forward(*forward args)` returning its outputs,
+        `kminer_backward(<backward inputs>)` returning the gradients in the order the backward
+        outputs them, and `kminer_gradients(*backward args)` (refrun runs the last and the
+        first)."""
         names = [self.bwd[k] for k in self.inputs]
         fexpr = []
         for k, pname in enumerate(self.fwd):
@@ -140,42 +141,6 @@ class _Plan:
             adapter(self.p, self.fwd, name="_forward"),
             "",
             "",
-            "# kminer: the backward is the gradient of the forward above (torch.autograd).",
-            f"def kminer_backward({', '.join(names)}):",
-            f"    fargs = [{', '.join(fexpr)}]",
-            f"    grads_out = [{', '.join(out_grads)}]",
-            f"    for k in {sorted(self.written)!r}:",
-            "        fargs[k] = torch.empty_like(grads_out[0])",
-            f"    leaves = [k for k in {self.leaves!r} if getattr(fargs[k], 'is_floating_point',"
-            " bool)()]",
-            "    for k in leaves:",
-            "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
-            "    with torch.enable_grad():",
-            "        result = _forward(*fargs)",
-            "        returned = list(result) if isinstance(result, (list, tuple)) else (",
-            "            [] if result is None else [result])",
-            "        outs = []",
-        ]
-        for j in self.out_targets:
-            target = self.p.outputs[j]
-            if target[0] == "return":
-                lines.append("        outs.append(returned.pop(0))")
-            else:
-                lines.append(f"        outs.append(fargs[{target[1]}])")
-        lines += [
-            "        outs = [o for o in outs if o is not None and o.requires_grad]",
-            "        if not outs:",
-            "            raise RuntimeError('kminer: the forward function is not differentiable"
-            " in torch (numpy, or no floating input reaches its output)')",
-            "        pairs = list(zip(outs, grads_out))",
-            "        found = torch.autograd.grad(",
-            "            [o for o, _ in pairs], [fargs[k] for k in leaves],",
-            "            [g.to(o.dtype) for o, g in pairs], allow_unused=True)",
-            "    by = dict(zip(leaves, found))",
-            "    return [by[k].detach() if by.get(k) is not None else torch.zeros_like(fargs[k])",
-            f"            for k in {wanted}]",
-            "",
-            "",
             "def kminer_forward(*fargs):",
             "    returned = _forward(*fargs)",
             "    returned = list(returned) if isinstance(returned, (list, tuple)) else (",
@@ -188,6 +153,31 @@ class _Plan:
                 for j in self.out_targets
             ],
             "    return outs",
+            "",
+            "",
+            "# kminer: the backward is the gradient of the forward above (torch.autograd).",
+            f"def kminer_backward({', '.join(names)}):",
+            f"    fargs = [{', '.join(fexpr)}]",
+            f"    grads_out = [{', '.join(out_grads)}]",
+            f"    for k in {sorted(self.written)!r}:",
+            "        fargs[k] = torch.empty_like(grads_out[0])",
+            f"    leaves = [k for k in {self.leaves!r} if getattr(fargs[k], 'is_floating_point',"
+            " bool)()]",
+            "    for k in leaves:",
+            "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
+            "    with torch.enable_grad():",
+            "        outs = kminer_forward(*fargs)",
+            "        outs = [o for o in outs if o is not None and o.requires_grad]",
+            "        if not outs:",
+            "            raise RuntimeError('kminer: the forward function is not differentiable"
+            " in torch (numpy, or no floating input reaches its output)')",
+            "        pairs = list(zip(outs, grads_out))",
+            "        found = torch.autograd.grad(",
+            "            [o for o, _ in pairs], [fargs[k] for k in leaves],",
+            "            [g.to(o.dtype) for o, g in pairs], allow_unused=True)",
+            "    by = dict(zip(leaves, found))",
+            "    return [by[k].detach() if by.get(k) is not None else torch.zeros_like(fargs[k])",
+            f"            for k in {wanted}]",
             "",
             "",
             "def kminer_gradients(*args):",
@@ -260,7 +250,7 @@ def _forward_calls(calls: list, p: Pairing, refs) -> list[RecordedCall]:
             covered.append(RecordedCall(c.function, fargs, {}, c.test_file))
     picked, rest = [], []
     for c in covered:
-        key = tuple(tuple(getattr(a, "shape", ())) for a in c.args)
+        key = shape_key(c.args)
         (rest if key in shapes else picked).append(c)
         shapes.add(key)
     return (picked + rest)[:MAX_CALLS]

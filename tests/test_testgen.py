@@ -530,13 +530,9 @@ def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_pa
     assert code != 0 and rep["outcome"] == "mismatch", rep
 
 
-def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
-    """A Python reference that loops over rows is fine on the recorded inputs and endless on
-    their x37 tiling: that case is invalid (left out with its reason), not the whole test's
-    timeout."""
+def _generated_test_module(refrepo, tmp_path):
+    """The compact kernel's generated test file, imported (its helpers, no test run)."""
     import importlib.util
-    import time
-    from types import SimpleNamespace
 
     cand = candidate(refrepo, "compact_any_order_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
@@ -544,6 +540,17 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
     spec = importlib.util.spec_from_file_location("generated", tmp_path / cand.tests.path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
+    """A Python reference that loops over rows is fine on the recorded inputs and endless on
+    their x37 tiling: that case is invalid (left out with its reason), not the whole test's
+    timeout."""
+    import time
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
     module.REFERENCE_CASE_S = 1
     endless = SimpleNamespace(reference=lambda *args: time.sleep(60))
     started = time.monotonic()
@@ -558,15 +565,9 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
 def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_path):
     """Large edge values in float16: the reference (run in float32) gives 1e5 where a half
     kernel can only give inf; that case says nothing about the kernel."""
-    import importlib.util
     from types import SimpleNamespace
 
-    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
-    write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
-    spec = importlib.util.spec_from_file_location("generated", tmp_path / cand.tests.path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
     case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None}
     x = torch.full((4,), 400.0, dtype=torch.float16)

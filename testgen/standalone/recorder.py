@@ -412,7 +412,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             for d in os.listdir(self.repo)
             if os.path.isfile(os.path.join(self.repo, d, "__init__.py"))
         }
-        self.extensions = _extension_names(self.repo)  # compiled modules its setup.py builds
+        # compiled modules its setup.py builds; namespaces its C++ registers operators in
+        self.extensions, self.namespaces = _compiled_names(self.repo)
 
     def find_spec(self, fullname, path, target=None):
         top = fullname.split(".")[0]
@@ -492,28 +493,6 @@ _LOADED = re.compile(
 )
 
 
-def _extension_names(repo: str) -> set[str]:
-    """Modules the repository compiles (`CUDAExtension("_ext", ...)` in any setup.py, an
-    `extension = CUDAExtension` alias, `cpp_extension.load(name=...)`): an import of one is the
-    extension, recorded, never a stub of a missing third-party package."""
-    names: set[str] = set()
-    for root, dirs, files in os.walk(repo):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            try:
-                with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if name == "setup.py":
-                names |= set(_EXTENSION.findall(text))
-            if "cpp_extension" in text:
-                names |= set(_LOADED.findall(text))
-    return names
-
-
 _OP_NAMESPACE = re.compile(
     r"\bTORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,"  # TORCH_LIBRARY(ns, m)
     r"|\.(?:op|def)\s*\(\s*\"(\w+)::\w+"  # RegisterOperators().op("ns::name" / m.def("ns::..."
@@ -523,25 +502,35 @@ _SOURCES = (".cpp", ".cc", ".cxx", ".cu", ".h", ".hpp", ".cuh")
 MAX_SOURCE_BYTES = 2 << 20
 
 
-def _op_namespaces(repo: str) -> set[str]:
-    """Namespaces the repository's C++ registers operators in (`TORCH_LIBRARY(my_ops, m)`,
-    `RegisterOperators().op("my_ops::f", ...)`): `torch.ops.my_ops.f(...)` reaches its
-    extension whatever its Python package is called."""
-    found: set[str] = set()
+def _compiled_names(repo: str) -> tuple[set[str], set[str]]:
+    """In one walk of the repository: the modules it compiles (`CUDAExtension("_ext", ...)` in
+    any setup.py, an `extension = CUDAExtension` alias, `cpp_extension.load(name=...)`), whose
+    import is the extension, recorded, never a stub of a missing third-party package; and the
+    namespaces its C++ registers operators in (`TORCH_LIBRARY(my_ops, m)`,
+    `RegisterOperators().op("my_ops::f", ...)`), so `torch.ops.my_ops.f(...)` records whatever
+    its Python package is called."""
+    extensions: set[str] = set()
+    namespaces: set[str] = set()
     for root, dirs, files in os.walk(repo):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
             path = os.path.join(root, name)
-            if not name.endswith(_SOURCES) or os.path.getsize(path) > MAX_SOURCE_BYTES:
+            python = name.endswith(".py")
+            source = name.endswith(_SOURCES) and os.path.getsize(path) <= MAX_SOURCE_BYTES
+            if not (python or source):
                 continue
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     text = f.read()
             except OSError:
                 continue
-            if "TORCH_LIBRARY" in text or "RegisterOperators" in text:
-                found |= {a or b for a, b in _OP_NAMESPACE.findall(text)}
-    return found - _TORCH_NAMESPACES
+            if name == "setup.py":
+                extensions |= set(_EXTENSION.findall(text))
+            if python and "cpp_extension" in text:
+                extensions |= set(_LOADED.findall(text))
+            if not python and ("TORCH_LIBRARY" in text or "RegisterOperators" in text):
+                namespaces |= {a or b for a, b in _OP_NAMESPACE.findall(text)}
+    return extensions, namespaces - _TORCH_NAMESPACES
 
 
 def _disarm_assertions() -> None:
@@ -744,7 +733,7 @@ def _record_torch_ops(finder: _Finder) -> None:
     loading the repository's own operator libraries does nothing (they are not built here)."""
     import torch
 
-    for namespace in finder.packages | _op_namespaces(finder.repo):
+    for namespace in finder.packages | finder.namespaces:
         setattr(torch.ops, namespace, _Recorder(f"torch.ops.{namespace}", finder.log))
     load_library = torch.ops.load_library
 
