@@ -94,7 +94,8 @@ DESCRIPTIONS = {  # the card's schema table
     "gpu": "the GPU the verification ran on; empty when none was recorded",
     "toolchain": "nvcc, torch and CUDA versions of the verification; empty when not recorded",
     "strategy": "how the host function was made: mined (the repository's launcher), rule, llm",
-    "cases_source": "who made the inputs: mined (the repository's tests), rule, llm",
+    "cases_source": "who made the inputs: mined (the repository's tests), forward (a "
+    "backward's, from its forward's recorded calls), rule, llm",
     "description_source": "where the description in instruction_complete comes from: llm, "
     "comment, docstring, or empty",
     "instruction_edited": "a curator edited the instructions",

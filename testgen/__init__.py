@@ -14,7 +14,8 @@ The pieces and the contract between them (every module relies on it):
   order, CPU tensors and Python values). First the repository's own tests, recorded in the sandbox
   and carried down the op chain; else, for an element-wise rule wrapper, calls by rule; else (with
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
-  shapes, values of each parameter's kind, seeded). Stage metric `cases_source`: mined|rule|llm.
+  shapes, values of each parameter's kind, seeded); a backward the tests never call gets calls
+  made from its forward's (`backward_calls`). Stage metric `cases_source`: mined|forward|rule|llm.
   The repository's tests run under `standalone/recorder.py`, in the sandbox.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, edge values, wider
   channels, every dtype), embedded in the test with `torch.save`.

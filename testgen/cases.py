@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -126,7 +127,10 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
     python_fn = call.function
     _, bound = bind_call(call, refs)
     env = bound
-    for caller, callee in descent(cand, python_fn):
+    steps = descent(cand, python_fn)
+    if not any(callee.startswith("DISPATCH:") for _, callee in steps):
+        steps = _called_path(refs, steps) or steps
+    for caller, callee in steps:
         item = refs.definition(caller)
         if item is None:
             raise Unmappable(f"{caller} has no definition")
@@ -163,6 +167,30 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
     if python_fn == exposed:
         return [bound[n] for n in names]
     return [env[n] for n in names]
+
+
+def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+    """The steps through the same functions that follow calls the code makes. An op chain
+    merges every path to the launcher (im2col is reached from both `dcn_v2_cuda_forward` and
+    `dcn_v2_cuda_backward`), so its order can step from the forward into the backward; the
+    path kept is the first one, in the chain's order, on which each function mentions the next.
+    None when there is none (a callee reached through `K::apply` is not mentioned)."""
+    if not steps:
+        return None
+    names = list(dict.fromkeys(n for step in steps for n in step))
+    start, goal = steps[0][0], steps[-1][1]
+    stack = [[start]]
+    while stack:
+        path = stack.pop()
+        if path[-1] == goal:
+            return list(itertools.pairwise(path))
+        item = refs.definition(path[-1])
+        body = refs.body(item) if item is not None else ""
+        body = body[max(body.find("{"), 0) :]
+        for name in reversed(names):
+            if name not in path and re.search(rf"(?<![\w.]){re.escape(name)}\b", body):
+                stack.append([*path, name])
+    return None
 
 
 def _call_at(body: str, callee: str) -> int | None:

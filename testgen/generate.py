@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
+from testgen.backward_calls import backward_calls
 from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
@@ -202,8 +203,12 @@ def generate_for(
         cand.reference = Reference()
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)
         return
-    base, why = base_calls(cand, calls, refs)
     source, made_by, inputs_tried = "mined", "", False
+    if not calls and is_backward(python_fn):  # tests reach it only through autograd
+        derived_calls = backward_calls(python_fn, recorded, refs)
+        if isinstance(derived_calls, list):
+            calls, source = derived_calls, "forward"
+    base, why = base_calls(cand, calls, refs)
     if not base:
         inputs_tried = llm is not None
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)

@@ -49,7 +49,7 @@ class Pairing:
     file: str
     params: dict = field(
         default_factory=dict
-    )  # name -> ("arg", k) | ("const", v) | ("table", k, {})
+    )  # name -> ("arg", k) | ("const", v) | ("table", k, {}) | ("list", [k...]) | ("dtype", k)
     outputs: list = field(default_factory=list)  # per output: ("return",) | ("arg", k) | None
     fixed: dict = field(default_factory=dict)  # binding position -> the kind it had in the pairs
     pairs: int = 0
@@ -70,7 +70,7 @@ def _kind(value) -> str:
     if value is None:
         return "None"
     if hasattr(value, "shape"):
-        return "tensor"
+        return "tensor" if value.numel() else "empty tensor"  # an unused slot: torch.empty([0])
     return repr(_plain(value))
 
 
@@ -169,7 +169,31 @@ def _scalar_source(pairs: list, name: str):
         )
         if consistent and all(isinstance(v, _SCALARS) for v in table.values()):
             return ("table", k, table)
-    return None
+    return _list_source(calls, values, width)
+
+
+def _list_source(calls: list, values: list, width: int):
+    """A list parameter spelled out by several binding arguments (`padding=[2, 1]` for
+    `padx0=2, padx1=2, pady0=1, pady1=1`): the first argument equal to each element, in order;
+    where the test passed one number instead, each argument picked equals it."""
+    lists = [v for v in values if isinstance(v, (list, tuple))]
+    if not lists or any(len(v) != len(lists[0]) for v in lists):
+        return None
+    if not all(isinstance(x, (int, float)) for v in values for x in (v if v in lists else [v])):
+        return None
+    picked: list[int] = []
+    for i in range(len(lists[0])):
+        for k in range(picked[-1] + 1 if picked else 0, width):
+            if all(
+                not hasattr(c.args[k], "shape")
+                and c.args[k] == (v[i] if isinstance(v, (list, tuple)) else v)
+                for c, v in zip(calls, values, strict=True)
+            ):
+                picked.append(k)
+                break
+        else:
+            return None
+    return ("list", picked)
 
 
 def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
@@ -274,16 +298,16 @@ def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None
     if outputs is None:
         return None
     written = {t[1] for t in outputs if t and t[0] == "arg"}
-    tables = {s[1] for s in sources.values() if s[0] == "table"}
+    tables = {s[1] for s in sources.values() if s[0] in ("table", "dtype")}
+    tables |= {k for s in sources.values() if s[0] == "list" for k in s[1]}
     width = min(len(c.args) for c, _ in pairs)
     fixed = {}
     for k in range(width):
         if k in used or k in written or k in tables:
             continue
         kinds = {_kind(c.args[k]) for c, _ in pairs}
-        if any(getattr(c.args[k], "is_floating_point", bool)() for c, _ in pairs):
+        if any(_kind(c.args[k]) == "tensor" and c.args[k].is_floating_point() for c, _ in pairs):
             return None  # data the function neither reads nor writes: not the binding's op
-
         if len(kinds) == 1:
             fixed[k] = kinds.pop()
         # a number that varies over the pairs and reaches no parameter: not read by the ref
@@ -327,6 +351,8 @@ def adapter(
             lines.append(f"    kwargs[{name!r}] = args[{src[1]}].dtype")
         elif src[0] == "const":
             lines.append(f"    kwargs[{name!r}] = {src[1]!r}")
+        elif src[0] == "list":
+            lines.append(f"    kwargs[{name!r}] = [{', '.join(f'args[{k}]' for k in src[1])}]")
         else:
             lines += [
                 f"    table = {src[2]!r}",

@@ -179,3 +179,45 @@ def test_backward_binding_is_checked_against_autograd_of_the_forward_reference(t
         with torch.no_grad():  # as a test calls it
             namespace["reference"](x, y, g, gx, gy, flag)
         assert torch.allclose(gx, g * 0.5 * factor) and torch.allclose(gy, g * factor)
+
+
+def test_a_wrapper_with_a_pytorch_fallback_is_run_on_both_devices(tmp_path):
+    """`axpby` calls the extension for CUDA inputs and `axpby_ref` otherwise, and each test
+    reaches only one path; the recorder runs it again on the other device, so each reference
+    call is paired with exactly the extension call of the same arguments."""
+    repo, recorded = _recorded(tmp_path)
+    refs = [r for r in recorded.refs if r.function == "axpby_ref"]
+    assert len(refs) == 2  # the CPU test's call, and the CUDA test's, rerun on the CPU
+    by_size = {r.args[0].numel(): r for r in refs}
+    assert set(by_size) == {6, 27}
+    for ref in refs:
+        (partner,) = ref.partners
+        assert partner.function == "axpby"
+        assert all(torch.equal(partner.args[k], ref.args[k]) for k in (0, 1))
+        assert partner.args[3:5] == ref.args[2:4]  # alpha, beta: (2.0, 0.5) and (1.0, 3.0)
+    (found,) = [p for p in pair(recorded.refs, "axpby", repo, "void") if p.function == "axpby_ref"]
+    assert found.params == {
+        "x": ("arg", 0),
+        "y": ("arg", 1),
+        "alpha": ("arg", 3),
+        "beta": ("arg", 4),
+    }
+    assert found.outputs == [("arg", 2)]
+    assert found.fixed == {5: "empty tensor"}  # the unused slot: an empty tensor, as recorded
+
+
+def test_a_list_parameter_is_read_off_several_binding_arguments():
+    """`padding=[2, 1]` against `padx0=2, padx1=2, pady0=1, pady1=1`; a test that passed one
+    number passed it for each."""
+    from testgen.inputs import RecordedCall
+    from testgen.python_reference import _scalar_source
+
+    calls = [
+        RecordedCall("up", [torch.ones(2), 2, 2, 1, 1]),
+        RecordedCall("up", [torch.ones(2), 1, 1, 1, 1]),
+        RecordedCall("up", [torch.ones(2), 0, 0, 0, 0]),
+    ]
+    pairs = [(c, {"padding": v}) for c, v in zip(calls, [[2, 1], 1, 0], strict=True)]
+    assert _scalar_source(pairs, "padding") == ("list", [1, 3])
+    pairs[1] = (RecordedCall("up", [torch.ones(2), 1, 1, 0, 0]), {"padding": 1})
+    assert _scalar_source(pairs, "padding") is None  # pady0 = pady1 = 0 where the test said 1

@@ -21,7 +21,10 @@ recorder that snapshots each call's arguments. What the tests need and this mach
   load with each `assert` turned into a check whose failure is ignored (the calls inside it are
   still made), numpy/torch checks pass, `pytest.raises` never fails and records nothing inside,
   `gradcheck` runs forward and backward once (not once per perturbed input);
-- exact repeats of a call (a test's CPU and CUDA cases) are kept once.
+- exact repeats of a call (a test's CPU and CUDA cases) are kept once;
+- a repository function that calls a possible reference (`bias_act` calls the extension for
+  CUDA inputs, `_bias_act_ref` otherwise) runs again on the other device with copies of its
+  arguments, and the reference's calls are paired with the extension calls of the same values.
 
 The calls are written with `torch.save`.
 Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt
@@ -139,6 +142,7 @@ class _Log:
         self._count: dict[str, int] = {}
         self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
         self._paired: dict = {}  # reference calls kept with partners, per function
+        self._dispatching = False  # inside a dispatcher run on both devices
 
     def add(self, function: str, args: tuple, kwargs: dict) -> None:
         count = self._count.get(function, 0)
@@ -187,6 +191,53 @@ class _Log:
             return
         self._test[1].append(len(self.refs))
         self.refs.append((where[0], where[1], list(args), dict(kwargs), out, [], list(arrays)))
+
+    def on_both_devices(self, file: str, name: str):
+        """The decorator put on a repository function that calls a possible reference: a
+        wrapper that takes the extension for CUDA inputs and its PyTorch fallback for CPU ones
+        (`bias_act`: `_bias_act_ref` on CPU). Called on one device, it is called again on the
+        other with copies of its arguments, and the fallback's calls are paired with exactly the
+        extension calls of the same arguments (not with every call of the test)."""
+
+        def wrap(fn):
+            if not callable(fn):
+                return fn
+
+            @functools.wraps(fn)
+            def dispatched(*args, **kwargs):
+                if self._dispatching or self.paused:
+                    return fn(*args, **kwargs)
+                self._dispatching = True
+                try:
+                    return self._twice(fn, args, kwargs)
+                finally:
+                    self._dispatching = False
+
+            return dispatched
+
+        return wrap
+
+    def _twice(self, fn, args, kwargs):
+        calls, refs = self._test
+        c0, r0 = len(calls), len(refs)
+        result = fn(*args, **kwargs)
+        ext, fallback = calls[c0:], refs[r0:]
+        if bool(ext) == bool(fallback):  # neither path taken, or both: nothing to learn
+            return result
+        c1, r1 = len(calls), len(refs)
+        with contextlib.suppress(Exception):
+            moved_args, moved_kwargs = _elsewhere((args, kwargs), to_gpu=not ext)
+            fn(*moved_args, **moved_kwargs)
+        cpu_refs, gpu_calls = (refs[r1:], ext) if ext else (fallback, calls[c1:])
+        if not (cpu_refs and gpu_calls):
+            return result
+        for k in cpu_refs:
+            self.refs[k][5].extend(sorted(set(gpu_calls)))
+            where = self.refs[k][:2]
+            self._paired[where] = self._paired.get(where, 0) + 1
+        drop = set(cpu_refs)
+        refs[:] = [k for k in refs if k not in drop]
+        return result
 
     def ref_recorder(self, file: str, name: str):
         """The decorator put on a repository function that may be a reference: each call's
@@ -238,6 +289,25 @@ class _Recorder(types.ModuleType):
 
         record.__name__ = attr
         return record
+
+
+def _elsewhere(value, to_gpu: bool):
+    """The tensors of `value` copied to the other device (the pretended GPU, or the CPU),
+    keeping which ones require grad."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def move(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        moved = t.detach().cuda() if to_gpu else t.detach().cpu()
+        if moved is t or moved.data_ptr() == t.data_ptr():
+            moved = moved.clone()
+        if t.requires_grad and (moved.is_floating_point() or moved.is_complex()):
+            moved.requires_grad_(True)
+        return moved
+
+    return tree_map(move, value)
 
 
 def _snapshot(value):
@@ -579,6 +649,8 @@ class _TagRefs(ast.NodeTransformer):
         for stmt in node.body:
             if isinstance(stmt, ast.FunctionDef):
                 self._tag(stmt)
+                if not self.test_file and _calls_a_reference(stmt):
+                    stmt.decorator_list.append(self._decorator("__kminer_both__", stmt.name))
             elif isinstance(stmt, ast.ClassDef) and self.test_file:
                 for sub in stmt.body:
                     if isinstance(sub, ast.FunctionDef) and sub.name.startswith("test"):
@@ -592,12 +664,28 @@ class _TagRefs(ast.NodeTransformer):
             return
         if fixture or not (self.test_file or REF_NAME.search(fn.name)):
             return
-        call = ast.Call(
-            func=ast.Name("__kminer_ref__", ast.Load()),
-            args=[ast.Constant(self.rel), ast.Constant(fn.name)],
+        fn.decorator_list.append(self._decorator("__kminer_ref__", fn.name))  # innermost
+
+    def _decorator(self, hook: str, name: str) -> ast.Call:
+        return ast.Call(
+            func=ast.Name(hook, ast.Load()),
+            args=[ast.Constant(self.rel), ast.Constant(name)],
             keywords=[],
         )
-        fn.decorator_list.append(call)  # innermost: the function itself is recorded
+
+
+def _calls_a_reference(fn: ast.FunctionDef) -> bool:
+    """Whether a function (not itself named like a reference) calls one by name: a dispatcher
+    between the extension and a PyTorch fallback."""
+    if REF_NAME.search(fn.name):
+        return False
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            f = node.func
+            called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+            if called != fn.name and REF_NAME.search(called):
+                return True
+    return False
 
 
 def _is_test_file(path: str) -> bool:
@@ -747,7 +835,7 @@ def _record_torch_ops(finder: _Finder) -> None:
 
 def _stub_backends() -> None:
     """`torch.backends.cnnl.allow_tf32 = False` (another vendor's backend) must not stop a
-    test file at collection; neither must `torch.mlu`, `torch.npu`, `torch.musa`."""
+    test file at collection; neither must `torch.mlu`, `torch.npu`, `torch.musa`, `x.is_npu`."""
     import torch
     import torch.backends
 
@@ -771,6 +859,9 @@ def _stub_backends() -> None:
         return torch_getattr(name)
 
     torch.__getattr__ = device_backend
+    for name in DEVICE_BACKENDS:  # `x.is_musa`: no tensor is on those devices here
+        if not hasattr(torch.Tensor, f"is_{name}"):
+            setattr(torch.Tensor, f"is_{name}", property(lambda self: False))
 
 
 def _tolerant_jit() -> None:
@@ -1016,6 +1107,7 @@ def main(argv: list[str]) -> int:
     finder = _Finder(repo, log)
     _DisarmedLoader.repo = finder.repo
     builtins.__kminer_ref__ = log.ref_recorder
+    builtins.__kminer_both__ = log.on_both_devices
     builtins.__kminer_begin__ = log.begin
 
     started = time.monotonic()

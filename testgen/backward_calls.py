@@ -1,0 +1,127 @@
+"""Calls of a backward binding that the repository's tests never make, from its forward's calls.
+
+A test checks gradients through the op's autograd Function, and the recorder cannot run that:
+the extension is absent, so the forward returns nothing and backward is never called. Yet the
+tests do call the forward, and a backward binding takes the forward's arguments by name
+(`input`, `weight`, `kernel_h`), the gradient of its output (`grad_output`, `out_grad`), the
+forward's saved outputs by the name the forward returns them under (`top_count`), and buffers
+for the gradients it writes (`grad_input`). The forward's output shape comes from its C++ host
+function, read by the interpreter the cases already use (`auto output = at::empty({batch,
+channels_out, height_out, width_out}, input.options()); ... return output;`), following
+`return dcn_v2_cuda_forward(...)` into the function it calls. The gradient of the output is
+seeded random; the backward's reference (its CPU twin) gets the same arguments as the label, so
+the case checks the kernel whatever the forward would have computed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from testgen.argmap import call_args
+from testgen.cases import Unmappable, bind_call
+from testgen.grad_reference import _role, forward_of
+from testgen.inputs import RecordedCall
+from testgen.interp import evaluate, run_statements
+
+MAX_CALLS = 16
+DEPTH = 3  # `return f(...)` followed this many functions down
+_RETURN = re.compile(r"\breturn\b([^;]*);")
+_CPU = re.compile(r"cpu", re.IGNORECASE)
+_TUPLE = re.compile(r"^(?:std::(?:make_tuple|tie|vector<[^>]*>)\s*)?[({]\s*(.*?)\s*[)}]$", re.S)
+
+
+def _returned(body: str, env: dict, refs, depth: int) -> list | None:
+    """The tensors a host function returns for the arguments in `env`, by returned name (the
+    last part of `name`: `output`), or None when no `return` can be read."""
+    for m in _RETURN.finditer(body, max(body.find("{"), 0)):
+        expr = " ".join(m.group(1).split())
+        call = re.match(r"^(?:[\w]+::)*(\w+)\s*\(", expr)
+        if call and not _TUPLE.match(expr) and depth > 0:
+            callee = call.group(1)
+            item = refs.definition(callee, host_side=True)
+            params = refs.params_of(callee) if item is not None else None
+            args = call_args(body, callee) if params else None
+            if _CPU.search(callee) or not args or len(args) != len(params):
+                continue
+            here = run_statements(body, env, m.start())
+            try:
+                inner = {p: evaluate(a, here) for p, a in zip(params, args, strict=True)}
+            except Unmappable:
+                continue
+            found = _returned(refs.body(item), inner, refs, depth - 1)
+            if found:
+                return found
+            continue
+        tup = _TUPLE.match(expr)
+        names = [n.strip() for n in (tup.group(1) if tup else expr).split(",")]
+        if not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names):
+            continue
+        here = run_statements(body, env, m.start())
+        found = [(n, here.get(n)) for n in names]
+        if all(hasattr(v, "shape") for _, v in found):
+            return found
+    return None
+
+
+def _forward_host(fwd: str, refs):
+    item = refs.definition(fwd, host_side=True)
+    return refs.body(item) if item is not None else None
+
+
+def backward_calls(binding: str, recorded: dict, refs) -> list[RecordedCall] | str:
+    """Calls of `binding` (a backward) made from the recorded calls of its forward, or why
+    there are none."""
+    fwd = forward_of(binding, [n for n, calls in recorded.items() if calls])
+    if fwd is None:
+        return f"no forward of {binding} is called by the tests"
+    bwd_params, fwd_params = refs.params_of(binding), refs.params_of(fwd)
+    body = _forward_host(fwd, refs)
+    if not bwd_params or not fwd_params or body is None:
+        return f"{fwd} or {binding} has no definition to read"
+    made, why = [], f"{fwd}'s output cannot be read from its host code"
+    for n, call in enumerate(recorded[fwd]):
+        if len(made) >= MAX_CALLS:
+            break
+        try:
+            _, bound = bind_call(call, refs)
+        except Unmappable as e:
+            why = str(e)
+            continue
+        outs = _returned(body, bound, refs, DEPTH)
+        args = _backward_args(bwd_params, fwd_params, bound, outs or [], seed=n)
+        if isinstance(args, str):
+            why = args
+            continue
+        made.append(RecordedCall(binding, args, {}, call.test_file))
+    return made or f"{binding} from {fwd}'s calls: {why}"
+
+
+def _backward_args(bwd: list[str], fwd: list[str], bound: dict, outs: list, seed: int):
+    """The backward's arguments for one forward call whose returned tensors are `outs`."""
+    import torch
+
+    if not outs:
+        return "the forward's output cannot be read from its host code"
+    by_name = {name.split(".")[-1]: t for name, t in outs}
+    floating = [t for _, t in outs if t.is_floating_point()]
+    gen = torch.Generator().manual_seed(seed)
+    args, used = [], 0
+    for name in bwd:
+        role = _role(name, fwd, set())
+        if name in by_name and (role is None or role[0] != "input"):
+            args.append(by_name[name])  # an output the forward saved for the backward
+        elif role is None:
+            return f"the backward's `{name}` is none of the forward's arguments or outputs"
+        elif role[0] == "input":
+            args.append(bound[role[1]])
+        elif role[0] == "grad":
+            if not hasattr(bound[role[1]], "shape"):
+                return f"`{name}` is the gradient of a number"
+            args.append(torch.zeros_like(bound[role[1]]))
+        else:
+            if used >= len(floating):
+                return "more output gradients than the forward has floating outputs"
+            o = floating[used]
+            used += 1
+            args.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype))
+    return args

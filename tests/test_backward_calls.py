@@ -1,0 +1,67 @@
+"""A backward binding the tests never call gets calls made from its forward's recorded calls."""
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from miner.discover import discover
+from testgen.backward_calls import backward_calls
+from testgen.cases import carry_down
+from testgen.inputs import RecordedCall, record_repo_calls
+from testgen.reference import RepoRefs
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bwdrepo"
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    return repo, RepoRefs(discover(repo))
+
+
+def test_backward_calls_take_the_forward_arguments_its_outputs_and_a_gradient(tmp_path):
+    repo, refs = _repo(tmp_path)
+    recorded = record_repo_calls(repo, tmp_path / "cache")
+    assert "pool_backward" not in recorded  # gradcheck never got past the absent forward
+    forward = recorded["pool_forward"]
+    assert [(tuple(c.args[0].shape), c.args[1]) for c in forward] == [
+        ((3, 8), 2),
+        ((4, 10), 3),
+        ((2, 33), 4),
+    ]
+    made = backward_calls("pool_backward", recorded, refs)
+    assert [c.function for c in made] == ["pool_backward"] * 3
+    for call, fwd in zip(made, forward, strict=True):
+        grad_output, x, count, kernel = call.args
+        rows, width = fwd.args[0].shape
+        out_w = (width - fwd.args[1]) // fwd.args[1] + 1  # what pool_forward_cuda allocates
+        assert grad_output.shape == count.shape == (rows, out_w)
+        assert grad_output.dtype == torch.float32 and grad_output.abs().sum() > 0  # seeded
+        assert torch.equal(x, fwd.args[0]) and kernel == fwd.args[1]
+    again = backward_calls("pool_backward", recorded, refs)
+    assert all(torch.equal(a.args[0], b.args[0]) for a, b in zip(made, again, strict=True))
+
+
+def test_backward_calls_say_why_when_the_forward_is_not_called(tmp_path):
+    _, refs = _repo(tmp_path)
+    why = backward_calls("pool_backward", {"other_op": [RecordedCall("other_op", [1])]}, refs)
+    assert why == "no forward of pool_backward is called by the tests"
+
+
+def test_a_merged_op_chain_is_walked_along_the_calls_the_code_makes(tmp_path):
+    """copy_rows is reached from both pool_forward_cuda and pool_backward_cuda, and the op
+    chain lists both paths in one: a forward call is carried down the forward's path only."""
+    _, refs = _repo(tmp_path)
+    chain = ["copy_rows", "pool_forward_cuda", "pool_backward_cuda", "pool_forward"]
+    chain += ["pool_backward", "PYBIND11_MODULE"]
+    cand = SimpleNamespace(
+        wrapper=SimpleNamespace(
+            op_map={"chain": chain, "python_name": "pool_forward"},
+            functions=["pool_forward_cuda"],
+            launcher="copy_rows",
+        )
+    )
+    x = torch.randn(3, 8)
+    assert carry_down(RecordedCall("pool_forward", [x, 2]), cand, refs) == [x, 2]
