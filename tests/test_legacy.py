@@ -173,3 +173,38 @@ def test_the_compat_block_runs_old_host_code_on_the_gpu(tmp_path):
     torch.testing.assert_close(module.scale(x, 2.5), 2.5 * x)
     a, b, bias = (torch.randn(*s, device="cuda") for s in ((33, 17), (17, 9), (9,)))
     torch.testing.assert_close(module.linear(a, b, bias), a @ b + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_th_cpu_blas_of_the_compat_block_multiplies_as_blas_does(tmp_path):
+    """THFloatBlas_gemm/gemv (column-major, transposes, beta == 0 never reads C) against the
+    same products written out, compiled with the host compiler."""
+    from wrappers.legacy import CPU_BLAS
+
+    assert "THFloatBlas_gemm" in modernize([], ["THFloatBlas_gemm('n', 'n', 1, 1, 1)"]).rewrites[0]
+    program = tmp_path / "blas.cpp"
+    program.write_text(
+        "#include <cstdint>\n#include <cstdio>\n#include <cmath>\n"
+        + CPU_BLAS
+        + r"""
+int main() {
+  // A is 2x3 and B is 3x2, both column-major; C = A B is 2x2
+  float a[6] = {1, 4, 2, 5, 3, 6}, b[6] = {7, 9, 11, 8, 10, 12}, c[4];
+  for (float& v : c) v = NAN;  // beta == 0: never read
+  THFloatBlas_gemm('n', 'n', 2, 2, 3, 1.f, a, 2, b, 3, 0.f, c, 2);
+  float at[6] = {1, 2, 3, 4, 5, 6}, c2[4] = {1, 1, 1, 1};  // A stored transposed (3x2)
+  THFloatBlas_gemm('t', 'n', 2, 2, 3, 2.f, at, 3, b, 3, 1.f, c2, 2);
+  double x[3] = {1, -1, 2}, y[2];
+  double ad[6] = {1, 4, 2, 5, 3, 6};
+  THDoubleBlas_gemv('n', 2, 3, 1.0, ad, 2, x, 1, 0.0, y, 1);
+  double x2[2] = {1, 1}, y2[3] = {0, 0, 0};
+  THDoubleBlas_gemv('t', 2, 3, 1.0, ad, 2, x2, 1, 0.0, y2, 1);
+  printf("%g %g %g %g|%g %g %g %g|%g %g|%g %g %g\n", c[0], c[1], c[2], c[3], c2[0], c2[1],
+         c2[2], c2[3], y[0], y[1], y2[0], y2[1], y2[2]);
+}
+"""
+    )
+    exe = tmp_path / "blas"
+    subprocess.run(["g++", "-std=c++17", str(program), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    # A B = [[58, 64], [139, 154]] (column-major: 58 139 64 154); 2 A B + 1; A x; A^T [1, 1]
+    assert out.split() == ["58", "139", "64", "154|117", "279", "129", "309|5", "11|5", "7", "9"]

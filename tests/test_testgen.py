@@ -580,6 +580,26 @@ def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_pat
     assert module._run_case(case, base, label, squares)["ok"] is True
 
 
+def test_a_case_a_python_reference_asserts_against_is_left_out(refrepo, tmp_path):
+    """`assert bias.shape[0] == x.shape[1]` in the repository's PyTorch reference: a derived
+    case it refuses is invalid with the reason, not a failed test; the others are compared."""
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None}
+    base = [[torch.ones(4), torch.zeros(4), False], [torch.ones(5), torch.zeros(5), False]]
+
+    def picky(x, out, flag):
+        assert x.numel() == 4, "four values only"
+        out.copy_(x * 2)
+
+    label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x * 2), None][1]})
+    assert module._run_case(case, base, label, SimpleNamespace(reference=picky))["ok"] is True
+    refused = module._run_case({**case, "base": 1}, base, label, SimpleNamespace(reference=picky))
+    assert refused["ok"] is None and "AssertionError: four values only" in refused["note"]
+
+
 def test_a_label_revised_without_its_kernel_is_upstream_failed_not_a_crash(refrepo, tmp_path):
     cand = candidate(refrepo, "compact_any_order_cuda_kernel")
     write_label(refrepo, cand, tmp_path)

@@ -20,9 +20,10 @@ _REMOVED_INCLUDE = re.compile(
     r"^[ \t]*#[ \t]*include[ \t]*[<\"]THC/(?!THCAtomics\.cuh)\w+\.(?:h|cuh)[>\"][ \t]*$",
     re.MULTILINE,
 )
-# what the CPU block answers: AT_CHECK, THArgCheck/THError, AT_DISPATCH_*(x.type(), ...)
+# what the CPU block answers: AT_CHECK, THArgCheck/THError, AT_DISPATCH_*(x.type(), ...),
+# TH's CPU BLAS (THFloatBlas_gemm, THDoubleBlas_gemv)
 _OLD_CPU = re.compile(
-    r"\bAT_CHECK\b|\bTH(?:ArgCheck|Error)\b"
+    r"\bAT_CHECK\b|\bTH(?:ArgCheck|Error)\b|\bTH(?:Float|Double)Blas_(?:gemm|gemv)\b"
     r"|\bAT_DISPATCH_\w+\s*\([^,;]*\.\s*type\s*\(\s*\)"
 )
 # text the block cannot fix: the old lazyInitCUDA returned the THCState, today's returns void
@@ -33,6 +34,44 @@ _REWRITES = (
         "kminer_thc_state()",
     ),
 )
+
+# TH's CPU BLAS, column-major as BLAS is (beta == 0: C is not read, as BLAS promises)
+CPU_BLAS = """\
+template <typename T>
+inline void kminer_cpu_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, T alpha,
+                            const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                            int64_t ldc) {
+  const bool at = ta != 'n' && ta != 'N', bt = tb != 'n' && tb != 'N';
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      T sum = 0;
+      for (int64_t l = 0; l < k; ++l)
+        sum += (at ? a[l + i * lda] : a[i + l * lda]) * (bt ? b[j + l * ldb] : b[l + j * ldb]);
+      c[i + j * ldc] = beta == T(0) ? alpha * sum : alpha * sum + beta * c[i + j * ldc];
+    }
+}
+template <typename T>
+inline void kminer_cpu_gemv(char trans, int64_t m, int64_t n, T alpha, const T* a, int64_t lda,
+                            const T* x, int64_t incx, T beta, T* y, int64_t incy) {
+  const bool t = trans != 'n' && trans != 'N';
+  const int64_t rows = t ? n : m, inner = t ? m : n;
+  for (int64_t i = 0; i < rows; ++i) {
+    T sum = 0;
+    for (int64_t l = 0; l < inner; ++l) sum += (t ? a[l + i * lda] : a[i + l * lda]) * x[l * incx];
+    y[i * incy] = beta == T(0) ? alpha * sum : alpha * sum + beta * y[i * incy];
+  }
+}
+#define KMINER_TH_BLAS(T, GEMM, GEMV)                                                          \\
+  inline void GEMM(char ta, char tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,    \\
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {         \\
+    kminer_cpu_gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);                 \\
+  }                                                                                           \\
+  inline void GEMV(char trans, int64_t m, int64_t n, T alpha, const T* a, int64_t lda,        \\
+                   const T* x, int64_t incx, T beta, T* y, int64_t incy) {                    \\
+    kminer_cpu_gemv<T>(trans, m, n, alpha, a, lda, x, incx, beta, y, incy);                   \\
+  }
+KMINER_TH_BLAS(float, THFloatBlas_gemm, THFloatBlas_gemv)
+KMINER_TH_BLAS(double, THDoubleBlas_gemm, THDoubleBlas_gemv)"""
 
 COMPAT_CPU = """\
 #ifndef KMINER_LEGACY_TORCH_CPU
@@ -49,6 +88,7 @@ inline at::ScalarType scalar_type(const at::DeprecatedTypeProperties& t) { retur
 #ifndef THError
 #define THError(...) TORCH_CHECK(false, __VA_ARGS__)
 #endif
+""" + CPU_BLAS + """
 #endif"""
 
 COMPAT_CUDA = """\

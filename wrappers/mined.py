@@ -179,6 +179,42 @@ def _merge(primary: Closure, extra: list[Entry], root: Item) -> list[Entry]:
     return out + inserted
 
 
+_GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
+
+
+def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: int = 3) -> None:
+    """Host functions the closure calls but only declares (`void im2col_cuda(...);` from a
+    header), defined in another CUDA source of the repository: their closures are linked in
+    before `root`, as the linker would. Without them the label builds, then fails to import
+    (undefined symbol). CPU definitions are never linked into a label."""
+    models = extractor.disc.models
+    for _ in range(rounds):
+        have = {n for e in closure.entries if e.item.kind != "decl" for n in e.item.names}
+        used = set().union(*(e.item.refs for e in closure.entries if e.item.kind != "decl"))
+        wanted = {
+            e.item.names[0]
+            for e in closure.entries
+            if e.item.kind == "decl" and e.item.names and e.item.names[0] in used - have
+        }
+        found = []
+        for name in sorted(wanted):
+            defs = [
+                it
+                for f, m in models.items()
+                if _GPU_SOURCE.search(f) and name in m.code
+                for it in m.items
+                if it.kind == "function" and not it.device and it.names[:1] == (name,)
+            ]
+            if defs:
+                found.append(_nearest_first(defs, root.file)[0])
+        if not found:
+            return
+        for d in found:
+            other = compute_closure(d, extractor.linearizer.linear(d.file))
+            closure.entries = _merge(closure, other.entries, root)
+            closure.externals += [x for x in other.externals if x not in closure.externals]
+
+
 def mine_wrapper(
     fk: FoundKernel, extractor: Extractor, index: LauncherIndex
 ) -> MinedWrapper | None:
@@ -199,6 +235,7 @@ def mine_wrapper(
             closure.externals = closure.externals + [
                 x for x in other.externals if x not in closure.externals
             ]
+        _link_declared(closure, extractor, exposed)
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
         return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
