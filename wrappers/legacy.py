@@ -73,7 +73,8 @@ inline void kminer_cpu_gemv(char trans, int64_t m, int64_t n, T alpha, const T* 
 KMINER_TH_BLAS(float, THFloatBlas_gemm, THFloatBlas_gemv)
 KMINER_TH_BLAS(double, THDoubleBlas_gemm, THDoubleBlas_gemv)"""
 
-COMPAT_CPU = """\
+COMPAT_CPU = (
+    """\
 #ifndef KMINER_LEGACY_TORCH_CPU
 #define KMINER_LEGACY_TORCH_CPU 1
 namespace detail {  // AT_DISPATCH_*(x.type(), ...): the old type property gives its ScalarType
@@ -88,8 +89,11 @@ inline at::ScalarType scalar_type(const at::DeprecatedTypeProperties& t) { retur
 #ifndef THError
 #define THError(...) TORCH_CHECK(false, __VA_ARGS__)
 #endif
-""" + CPU_BLAS + """
+"""
+    + CPU_BLAS
+    + """
 #endif"""
+)
 
 COMPAT_CUDA = """\
 #ifndef KMINER_LEGACY_TORCH_CUDA
