@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner import sandbox
-from testgen.standalone import RECORDER
+from testgen.standalone import RECORDER, RECORDER_PARTS
 
 log = logging.getLogger(__name__)
 FILE_TIMEOUT_S = 120.0
@@ -85,6 +85,8 @@ def repo_test_files(repo: Path) -> list[Path]:
 
 def _cache_key(test_file: Path) -> str:
     h = hashlib.sha256(RECORDER.read_bytes())
+    for part in RECORDER_PARTS:
+        h.update(part.read_bytes())
     h.update(test_file.read_bytes())
     return h.hexdigest()[:20]
 

@@ -28,7 +28,8 @@ recorder that snapshots each call's arguments. What the tests need and this mach
 
 The calls are written with `torch.save`.
 Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt
-This file imports only the standard library, torch and pytest: it also runs on the GPU box.
+It imports only the standard library, torch, pytest and its two siblings (record_log.py,
+pretend_cuda.py, the same way): it also runs on the GPU box.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -48,13 +48,14 @@ import tempfile
 import time
 import types
 
-MAX_CALLS_PER_FUNCTION = 64
-MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
-MAX_ELEMENTS = 1 << 22  # larger tensors are not worth keeping as test inputs
+try:  # beside this script in the sandbox; as kminer's modules when imported (tests)
+    from testgen.standalone.pretend_cuda import _fake_cuda
+    from testgen.standalone.record_log import _Log, _within_budget
+except ImportError:
+    from pretend_cuda import _fake_cuda
+    from record_log import _Log, _within_budget
+
 ITEMS_PER_TEST = 32  # parametrizations of one test run (spread over its parameter grid)
-SAVE_BUDGET = 48 << 20  # bytes of tensors written back (the reader takes at most 64 MiB)
-MAX_REF_CALLS = 16  # calls of one possible reference kept with the extension calls beside them
-MAX_REF_ELEMENTS = 1 << 20  # a reference call with a larger tensor is not kept
 RECORD_BUDGET_S = 75.0  # then the remaining tests are skipped; the sandbox allows 120 s
 DEVICE_BACKENDS = ("mlu", "npu", "musa")  # torch.<these> as stubs when torch lacks them
 _DEVICE_CHECK = re.compile(r"is_(\w+?)_(?:available|pytorch)")  # is_npu_available, is_rocm_pytorch
@@ -125,151 +126,6 @@ class _StubModule(types.ModuleType):
         return _stub_class(f"{self.__name__}.{attr}")
 
 
-_TOO_BIG = object()
-
-
-class _Log:
-    """The recorded calls, each distinct call once (a test parametrized over CPU and the
-    pretended CUDA makes the same call twice); per function MAX_CALLS_PER_FUNCTION, then only
-    calls with new argument shapes (up to MAX_SHAPED_CALLS_PER_FUNCTION)."""
-
-    def __init__(self) -> None:
-        self.calls: list = []
-        self.refs: list = []  # calls of the repository's Python functions that may be references
-        self.paused = 0  # inside `pytest.raises`: the authors' invalid inputs are not kept
-        self._seen: dict = {}
-        self._shapes: set = set()
-        self._count: dict[str, int] = {}
-        self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
-        self._paired: dict = {}  # reference calls kept with partners, per function
-        self._dispatching = False  # inside a dispatcher run on both devices
-
-    def add(self, function: str, args: tuple, kwargs: dict) -> None:
-        count = self._count.get(function, 0)
-        shapes = (function, _shapes(args), _shapes(kwargs.values()))
-        if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
-            return
-        if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
-            return
-        snap = [_snapshot(a) for a in args]
-        named = {k: _snapshot(v) for k, v in kwargs.items()}
-        if any(x is _TOO_BIG for x in [*snap, *named.values()]):
-            return
-        named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
-        key = (function, tuple(map(_fingerprint, snap)), named_keys)
-        with contextlib.suppress(TypeError):  # unhashable: kept
-            if key in self._seen:
-                self._test[0].append(self._seen[key])
-                return
-            self._seen[key] = len(self.calls)
-        self._shapes.add(shapes)
-        self._count[function] = count + 1
-        self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named))
-
-    def begin(self) -> None:
-        """A test (or a script's statement) starts: the Python functions the last one called
-        are paired with the extension calls it made, before or after them."""
-        calls, refs = self._test
-        for k in refs:
-            self.refs[k][5].extend(sorted(set(calls)))
-            if not calls:  # nothing to pair with: not worth its bytes
-                self.refs[k] = None
-            else:
-                self._paired[self.refs[k][:2]] = self._paired.get(self.refs[k][:2], 0) + 1
-        self._test = ([], [])
-
-    def wants_ref(self, where: tuple, values: list) -> bool:
-        """Whether a call of a possible reference is worth snapshotting."""
-        if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
-            return False
-        return not any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
-
-    def add_ref(self, where: tuple, args: list, kwargs: dict, result, arrays=()) -> None:
-        out = _snapshot_result(result)
-        if any(x is _TOO_BIG for x in out) or not self.wants_ref(where, out):
-            return
-        self._test[1].append(len(self.refs))
-        self.refs.append((where[0], where[1], list(args), dict(kwargs), out, [], list(arrays)))
-
-    def on_both_devices(self, file: str, name: str):
-        """The decorator put on a repository function that calls a possible reference: a
-        wrapper that takes the extension for CUDA inputs and its PyTorch fallback for CPU ones
-        (`bias_act`: `_bias_act_ref` on CPU). Called on one device, it is called again on the
-        other with copies of its arguments, and the fallback's calls are paired with exactly the
-        extension calls of the same arguments (not with every call of the test)."""
-
-        def wrap(fn):
-            if not callable(fn):
-                return fn
-
-            @functools.wraps(fn)
-            def dispatched(*args, **kwargs):
-                if self._dispatching or self.paused:
-                    return fn(*args, **kwargs)
-                self._dispatching = True
-                try:
-                    return self._twice(fn, args, kwargs)
-                finally:
-                    self._dispatching = False
-
-            return dispatched
-
-        return wrap
-
-    def _twice(self, fn, args, kwargs):
-        calls, refs = self._test
-        c0, r0 = len(calls), len(refs)
-        result = fn(*args, **kwargs)
-        ext, fallback = calls[c0:], refs[r0:]
-        if bool(ext) == bool(fallback):  # neither path taken, or both: nothing to learn
-            return result
-        c1, r1 = len(calls), len(refs)
-        with contextlib.suppress(Exception):
-            moved_args, moved_kwargs = _elsewhere((args, kwargs), to_gpu=not ext)
-            fn(*moved_args, **moved_kwargs)
-        cpu_refs, gpu_calls = (refs[r1:], ext) if ext else (fallback, calls[c1:])
-        if not (cpu_refs and gpu_calls):
-            return result
-        for k in cpu_refs:
-            self.refs[k][5].extend(sorted(set(gpu_calls)))
-            where = self.refs[k][:2]
-            self._paired[where] = self._paired.get(where, 0) + 1
-        drop = set(cpu_refs)
-        refs[:] = [k for k in refs if k not in drop]
-        return result
-
-    def ref_recorder(self, file: str, name: str):
-        """The decorator put on a repository function that may be a reference: each call's
-        arguments (as they were on entry) and result are kept."""
-
-        def wrap(fn):
-            if not callable(fn):
-                return fn
-
-            @functools.wraps(fn)
-            def recorded(*args, **kwargs):
-                if not self.wants_ref((file, name), [*args, *kwargs.values()]):
-                    return fn(*args, **kwargs)
-                snap_args = [_snapshot(a) for a in args]
-                snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
-                arrays = _numpy(list(args), kwargs)
-                result = fn(*args, **kwargs)
-                with contextlib.suppress(Exception):
-                    self.add_ref((file, name), snap_args, snap_kwargs, result, arrays)
-                return result
-
-            return recorded
-
-        return wrap
-
-
-def _shapes(values) -> tuple:
-    import torch
-
-    return tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values)
-
-
 class _Recorder(types.ModuleType):
     """The repository's compiled extension (or its `torch.ops` namespace): every function records
     its call and returns None."""
@@ -289,88 +145,6 @@ class _Recorder(types.ModuleType):
 
         record.__name__ = attr
         return record
-
-
-def _elsewhere(value, to_gpu: bool):
-    """The tensors of `value` copied to the other device (the pretended GPU, or the CPU),
-    keeping which ones require grad."""
-    import torch
-    from torch.utils._pytree import tree_map
-
-    def move(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        moved = t.detach().cuda() if to_gpu else t.detach().cpu()
-        if moved is t or moved.data_ptr() == t.data_ptr():
-            moved = moved.clone()
-        if t.requires_grad and (moved.is_floating_point() or moved.is_complex()):
-            moved.requires_grad_(True)
-        return moved
-
-    return tree_map(move, value)
-
-
-def _snapshot(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if value.numel() > MAX_ELEMENTS:
-            return _TOO_BIG
-        snap = value.detach().to("cpu", copy=True).contiguous()
-        snap.__dict__.pop(_TAG, None)
-        return snap
-    if _is_numpy(value):  # a reference written in numpy: its arrays as tensors (see _numpy)
-        return _snapshot(torch.from_numpy(value.copy())) if value.dtype.kind in "biuf" else None
-    if hasattr(value, "item") and type(value).__module__ == "numpy":
-        return value.item()  # a numpy scalar (torch.load with weights_only refuses one)
-    if isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
-        return list(value)
-    return repr(value)
-
-
-def _is_numpy(value) -> bool:
-    return type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
-
-
-def _numpy(args: list, kwargs: dict) -> list:
-    """Which arguments of a reference call were numpy arrays (positions, keyword names): its
-    adapter hands them to the function as arrays again."""
-    return [k for k, a in [*enumerate(args), *kwargs.items()] if _is_numpy(a)]
-
-
-def _snapshot_result(result) -> list:
-    """A reference's result as a list of outputs (tensors or None)."""
-    import torch
-
-    values = list(result) if isinstance(result, (list, tuple)) else [result]
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor) or _is_numpy(v):
-            out.append(_snapshot(v))
-        elif isinstance(v, (bool, int, float, type(None))):
-            out.append(v)
-        else:
-            return []  # not a result made of tensors: not a reference's
-    return out
-
-
-def _fingerprint(value):
-    """A hashable identity of a snapshot: a tensor by dtype, shape and bytes."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        try:
-            data = value.reshape(-1).view(torch.uint8).numpy().tobytes()
-        except (RuntimeError, TypeError, ValueError):  # no numpy, or a dtype without bytes
-            return ("tensor", id(value))
-        return (str(value.dtype), tuple(value.shape), hashlib.sha1(data).hexdigest())
-    if isinstance(value, list):
-        return tuple(value)
-    return value
 
 
 class _Package(types.ModuleType):
@@ -903,146 +677,6 @@ def _single_pass_gradcheck() -> None:
             owner.gradcheck = owner.gradgradcheck = once
 
 
-def _on_cuda(device) -> bool:
-    import torch
-
-    if isinstance(device, torch.device):
-        return device.type == "cuda"
-    if isinstance(device, str):
-        return device.split(":")[0] == "cuda"
-    return isinstance(device, int) and not isinstance(device, bool)  # a CUDA device index
-
-
-_TAG = "_kminer_cuda"
-
-
-def _tagged(value) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor) and value.__dict__.get(_TAG, False)
-
-
-def _tag(value):
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    for leaf in tree_leaves(value):
-        if isinstance(leaf, torch.Tensor):
-            leaf.__dict__[_TAG] = True
-    return value
-
-
-def _pretend_cuda_mode():
-    """A torch function mode under which CPU tensors pass for CUDA tensors: what a CUDA device
-    would create (`device='cuda'`, `.cuda()`, `.to('cuda')`) is a CPU tensor tagged as on the
-    GPU, what is computed from a tagged tensor is tagged, and a tagged tensor says `is_cuda`,
-    `device` cuda:0, `get_device()` 0. Wrappers that take their CUDA path only for CUDA inputs
-    (`if x.is_cuda: ext.op(...) else: <pure PyTorch>`) call the extension."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves
-
-    tensor = torch.Tensor
-    is_cuda, device = torch._C.TensorBase.is_cuda, torch._C.TensorBase.device
-    uninitialized = {torch.empty, torch.empty_like, torch.empty_strided, tensor.new_empty}
-
-    def on_cpu(kwargs):
-        if _on_cuda(kwargs.get("device")):
-            kwargs["device"] = "cpu"
-            return True
-        return False
-
-    def copy_to(self, *args, **kwargs):
-        """Tensor.to: (device, dtype, ...), (dtype, ...), (tensor, ...) or device=..."""
-        args = list(args)
-        target = kwargs.get("device")
-        if args and isinstance(args[0], tensor):
-            other = args.pop(0)
-            target = "cuda" if _tagged(other) else other.device
-            kwargs.setdefault("dtype", other.dtype)
-        elif args and (isinstance(args[0], (str, torch.device)) or type(args[0]) is int):
-            target = args.pop(0)
-        kwargs.pop("device", None)
-        if target is None:
-            out = tensor.to(self, *args, **kwargs)
-            return _tag(out) if _tagged(self) else out
-        gpu = _on_cuda(target)
-        out = tensor.to(self, "cpu" if gpu else target, *args, **kwargs)
-        if out is self and gpu != _tagged(self):  # a move between "devices" copies
-            out = self.clone()
-        return _tag(out) if gpu else out
-
-    class PretendCuda(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = dict(kwargs or {})
-            owner = getattr(func, "__self__", None)
-            if owner is is_cuda:
-                return _tagged(args[0]) or func(*args)
-            if owner is device:
-                return torch.device("cuda", 0) if _tagged(args[0]) else func(*args)
-            if func is tensor.get_device and _tagged(args[0]):
-                return 0
-            if func is tensor.cuda:
-                return args[0] if _tagged(args[0]) else _tag(args[0].clone())
-            if func is tensor.cpu:
-                return args[0].clone() if _tagged(args[0]) else func(*args, **kwargs)
-            if func is tensor.to:
-                return copy_to(*args, **kwargs)
-            if kwargs.get("pin_memory"):
-                kwargs["pin_memory"] = False
-            created = on_cpu(kwargs)  # torch.zeros(..., device='cuda'), x.new_ones(..., device=)
-            out = func(*args, **kwargs)
-            if func in uninitialized and isinstance(out, tensor):
-                out.zero_()  # output buffers record the same in every run (and dedupe)
-            leaves = tree_leaves((args, kwargs))
-            if created or any(_tagged(x) for x in leaves):
-                cpu_inputs = {id(x) for x in leaves if isinstance(x, tensor) and not _tagged(x)}
-                for leaf in tree_leaves(out):
-                    if isinstance(leaf, tensor) and id(leaf) not in cpu_inputs:
-                        leaf.__dict__[_TAG] = True
-            return out
-
-    return PretendCuda()
-
-
-def _fake_cuda() -> contextlib.AbstractContextManager:
-    """Pretend a CUDA device while every tensor stays on the CPU, so the tests' CUDA cases (most
-    of them) run and make their calls: `torch.cuda` says a device is there, and the returned
-    mode (active while the tests run) places CUDA tensors on the CPU."""
-    import torch
-
-    cuda = torch.cuda
-    torch.version.cuda = torch.version.cuda or "12.1"
-    cuda.is_available = lambda: True
-    cuda.is_initialized = lambda: True
-    cuda.device_count = lambda: 1
-    cuda.current_device = lambda: 0
-    cuda.get_device_name = lambda *a, **k: "kminer pretended CUDA"
-    cuda.get_device_capability = lambda *a, **k: (8, 0)
-    cuda.device = lambda *a, **k: contextlib.nullcontext()
-    cuda.current_stream = cuda.default_stream = lambda *a, **k: _stub_class("torch.cuda.Stream")()
-    for name in (
-        "synchronize empty_cache set_device manual_seed manual_seed_all seed seed_all init "
-        "ipc_collect reset_peak_memory_stats"
-    ).split():
-        setattr(cuda, name, lambda *a, **k: None)
-    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved"):
-        setattr(cuda, name, lambda *a, **k: 0)
-
-    class autocast(torch.amp.autocast):  # CUDA autocast casts CPU tensors like CUDA would
-        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-            if device_type == "cuda":
-                device_type, dtype = "cpu", dtype or torch.float16
-            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-
-    def cuda_autocast(enabled=True, dtype=torch.float16, cache_enabled=True):
-        return autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-
-    torch.autocast = torch.amp.autocast = autocast
-    cuda.amp.autocast = cuda_autocast
-    return _pretend_cuda_mode()
-
-
 @contextlib.contextmanager
 def _repository_view(repo: str):
     """A temp working directory of symlinks to the repository's top-level entries: tests open
@@ -1060,35 +694,6 @@ def _repository_view(repo: str):
             os.chdir(here)
     finally:
         shutil.rmtree(view, ignore_errors=True)  # removes the links, never follows them
-
-
-def _bytes(entry) -> int:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    leaves = tree_leaves(list(entry))
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
-
-
-def _within_budget(calls: list, refs: list) -> tuple[list, list]:
-    """The calls (smallest first) and then the reference calls that fit SAVE_BUDGET bytes, so
-    a test file of large inputs still gives its small ones; partners renumbered."""
-    left = SAVE_BUDGET
-    kept = set()
-    for k in sorted(range(len(calls)), key=lambda k: _bytes(calls[k])):
-        size = _bytes(calls[k])
-        if size <= left:
-            kept.add(k)
-            left -= size
-    number = {k: i for i, k in enumerate(sorted(kept))}
-    out_refs = []
-    for ref in sorted(refs, key=_bytes):
-        partners = [number[k] for k in ref[5] if k in number]
-        size = _bytes(ref[:5])
-        if partners and size <= left:
-            left -= size
-            out_refs.append((*ref[:5], partners, *ref[6:]))
-    return [calls[k] for k in sorted(kept)], out_refs
 
 
 def main(argv: list[str]) -> int:
@@ -1142,7 +747,7 @@ def main(argv: list[str]) -> int:
     _stub_backends()
     _tolerant_jit()
     _single_pass_gradcheck()
-    pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda()
+    pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
     with open(test_file, encoding="utf-8", errors="replace") as f:
         tree = ast.parse(f.read(), test_file)
     with _repository_view(finder.repo), pretend:

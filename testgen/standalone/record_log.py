@@ -1,0 +1,259 @@
+"""The recorder's log: each distinct extension call once, the calls of possible references with
+the extension calls they pair with, and what fits the bytes written back.
+
+Part of `recorder.py` (a script run in the sandbox, importing only the standard library, torch
+and pytest); imported beside it as a sibling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+
+try:
+    from testgen.standalone.pretend_cuda import _TAG, _elsewhere
+except ImportError:
+    from pretend_cuda import _TAG, _elsewhere
+
+MAX_CALLS_PER_FUNCTION = 64
+MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
+MAX_ELEMENTS = 1 << 22  # larger tensors are not worth keeping as test inputs
+SAVE_BUDGET = 48 << 20  # bytes of tensors written back (the reader takes at most 64 MiB)
+MAX_REF_CALLS = 16  # calls of one possible reference kept with the extension calls beside them
+MAX_REF_ELEMENTS = 1 << 20  # a reference call with a larger tensor is not kept
+_TOO_BIG = object()
+
+
+class _Log:
+    """The recorded calls, each distinct call once (a test parametrized over CPU and the
+    pretended CUDA makes the same call twice); per function MAX_CALLS_PER_FUNCTION, then only
+    calls with new argument shapes (up to MAX_SHAPED_CALLS_PER_FUNCTION)."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.refs: list = []  # calls of the repository's Python functions that may be references
+        self.paused = 0  # inside `pytest.raises`: the authors' invalid inputs are not kept
+        self._seen: dict = {}
+        self._shapes: set = set()
+        self._count: dict[str, int] = {}
+        self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
+        self._paired: dict = {}  # reference calls kept with partners, per function
+        self._dispatching = False  # inside a dispatcher run on both devices
+
+    def add(self, function: str, args: tuple, kwargs: dict) -> None:
+        count = self._count.get(function, 0)
+        shapes = (function, _shapes(args), _shapes(kwargs.values()))
+        if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
+            return
+        if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
+            return
+        snap = [_snapshot(a) for a in args]
+        named = {k: _snapshot(v) for k, v in kwargs.items()}
+        if any(x is _TOO_BIG for x in [*snap, *named.values()]):
+            return
+        named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
+        key = (function, tuple(map(_fingerprint, snap)), named_keys)
+        with contextlib.suppress(TypeError):  # unhashable: kept
+            if key in self._seen:
+                self._test[0].append(self._seen[key])
+                return
+            self._seen[key] = len(self.calls)
+        self._shapes.add(shapes)
+        self._count[function] = count + 1
+        self._test[0].append(len(self.calls))
+        self.calls.append((function, snap, named))
+
+    def begin(self) -> None:
+        """A test (or a script's statement) starts: the Python functions the last one called
+        are paired with the extension calls it made, before or after them."""
+        calls, refs = self._test
+        for k in refs:
+            self.refs[k][5].extend(sorted(set(calls)))
+            if not calls:  # nothing to pair with: not worth its bytes
+                self.refs[k] = None
+            else:
+                self._paired[self.refs[k][:2]] = self._paired.get(self.refs[k][:2], 0) + 1
+        self._test = ([], [])
+
+    def wants_ref(self, where: tuple, values: list) -> bool:
+        """Whether a call of a possible reference is worth snapshotting."""
+        if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
+            return False
+        return not any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
+
+    def add_ref(self, where: tuple, args: list, kwargs: dict, result, arrays=()) -> None:
+        out = _snapshot_result(result)
+        if any(x is _TOO_BIG for x in out) or not self.wants_ref(where, out):
+            return
+        self._test[1].append(len(self.refs))
+        self.refs.append((where[0], where[1], list(args), dict(kwargs), out, [], list(arrays)))
+
+    def on_both_devices(self, file: str, name: str):
+        """The decorator put on a repository function that calls a possible reference: a
+        wrapper that takes the extension for CUDA inputs and its PyTorch fallback for CPU ones
+        (`bias_act`: `_bias_act_ref` on CPU). Called on one device, it is called again on the
+        other with copies of its arguments, and the fallback's calls are paired with exactly the
+        extension calls of the same arguments (not with every call of the test)."""
+
+        def wrap(fn):
+            if not callable(fn):
+                return fn
+
+            @functools.wraps(fn)
+            def dispatched(*args, **kwargs):
+                if self._dispatching or self.paused:
+                    return fn(*args, **kwargs)
+                self._dispatching = True
+                try:
+                    return self._twice(fn, args, kwargs)
+                finally:
+                    self._dispatching = False
+
+            return dispatched
+
+        return wrap
+
+    def _twice(self, fn, args, kwargs):
+        calls, refs = self._test
+        c0, r0 = len(calls), len(refs)
+        result = fn(*args, **kwargs)
+        ext, fallback = calls[c0:], refs[r0:]
+        if bool(ext) == bool(fallback):  # neither path taken, or both: nothing to learn
+            return result
+        c1, r1 = len(calls), len(refs)
+        with contextlib.suppress(Exception):
+            moved_args, moved_kwargs = _elsewhere((args, kwargs), to_gpu=not ext)
+            fn(*moved_args, **moved_kwargs)
+        cpu_refs, gpu_calls = (refs[r1:], ext) if ext else (fallback, calls[c1:])
+        if not (cpu_refs and gpu_calls):
+            return result
+        for k in cpu_refs:
+            self.refs[k][5].extend(sorted(set(gpu_calls)))
+            where = self.refs[k][:2]
+            self._paired[where] = self._paired.get(where, 0) + 1
+        drop = set(cpu_refs)
+        refs[:] = [k for k in refs if k not in drop]
+        return result
+
+    def ref_recorder(self, file: str, name: str):
+        """The decorator put on a repository function that may be a reference: each call's
+        arguments (as they were on entry) and result are kept."""
+
+        def wrap(fn):
+            if not callable(fn):
+                return fn
+
+            @functools.wraps(fn)
+            def recorded(*args, **kwargs):
+                if not self.wants_ref((file, name), [*args, *kwargs.values()]):
+                    return fn(*args, **kwargs)
+                snap_args = [_snapshot(a) for a in args]
+                snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
+                arrays = _numpy(list(args), kwargs)
+                result = fn(*args, **kwargs)
+                with contextlib.suppress(Exception):
+                    self.add_ref((file, name), snap_args, snap_kwargs, result, arrays)
+                return result
+
+            return recorded
+
+        return wrap
+
+
+def _shapes(values) -> tuple:
+    import torch
+
+    return tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values)
+
+
+def _snapshot(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() > MAX_ELEMENTS:
+            return _TOO_BIG
+        snap = value.detach().to("cpu", copy=True).contiguous()
+        snap.__dict__.pop(_TAG, None)
+        return snap
+    if _is_numpy(value):  # a reference written in numpy: its arrays as tensors (see _numpy)
+        return _snapshot(torch.from_numpy(value.copy())) if value.dtype.kind in "biuf" else None
+    if hasattr(value, "item") and type(value).__module__ == "numpy":
+        return value.item()  # a numpy scalar (torch.load with weights_only refuses one)
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return list(value)
+    return repr(value)
+
+
+def _is_numpy(value) -> bool:
+    return type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
+
+
+def _numpy(args: list, kwargs: dict) -> list:
+    """Which arguments of a reference call were numpy arrays (positions, keyword names): its
+    adapter hands them to the function as arrays again."""
+    return [k for k, a in [*enumerate(args), *kwargs.items()] if _is_numpy(a)]
+
+
+def _snapshot_result(result) -> list:
+    """A reference's result as a list of outputs (tensors or None)."""
+    import torch
+
+    values = list(result) if isinstance(result, (list, tuple)) else [result]
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor) or _is_numpy(v):
+            out.append(_snapshot(v))
+        elif isinstance(v, (bool, int, float, type(None))):
+            out.append(v)
+        else:
+            return []  # not a result made of tensors: not a reference's
+    return out
+
+
+def _fingerprint(value):
+    """A hashable identity of a snapshot: a tensor by dtype, shape and bytes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        try:
+            data = value.reshape(-1).view(torch.uint8).numpy().tobytes()
+        except (RuntimeError, TypeError, ValueError):  # no numpy, or a dtype without bytes
+            return ("tensor", id(value))
+        return (str(value.dtype), tuple(value.shape), hashlib.sha1(data).hexdigest())
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _bytes(entry) -> int:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(list(entry))
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _within_budget(calls: list, refs: list) -> tuple[list, list]:
+    """The calls (smallest first) and then the reference calls that fit SAVE_BUDGET bytes, so
+    a test file of large inputs still gives its small ones; partners renumbered."""
+    left = SAVE_BUDGET
+    kept = set()
+    for k in sorted(range(len(calls)), key=lambda k: _bytes(calls[k])):
+        size = _bytes(calls[k])
+        if size <= left:
+            kept.add(k)
+            left -= size
+    number = {k: i for i, k in enumerate(sorted(kept))}
+    out_refs = []
+    for ref in sorted(refs, key=_bytes):
+        partners = [number[k] for k in ref[5] if k in number]
+        size = _bytes(ref[:5])
+        if partners and size <= left:
+            left -= size
+            out_refs.append((*ref[:5], partners, *ref[6:]))
+    return [calls[k] for k in sorted(kept)], out_refs
