@@ -154,7 +154,7 @@ def find_launch_sites(disc: Discovery) -> dict[int, list[LaunchSite]]:
             kind, targs, config = _classify(code, pos, m.end())
             i = bisect.bisect_right(starts, pos) - 1
             caller = functions[i][2] if i >= 0 and functions[i][1] > pos else ""
-            if kind == "macro" and targs:
+            if targs:  # a launch written inside a macro takes the macro's arguments
                 targs = _through_macro(model, pos, targs)
             site = LaunchSite(
                 file=rel,

@@ -252,8 +252,8 @@ def template_arguments(
                 value = "true"
             elif ptype in _BUILTIN_TYPES or ptype.startswith(("unsigned", "const")):
                 value = "32"
-            else:
-                value = _enum_first(ptype, closure) or "0"
+            else:  # an enum's first value; else an integer alias (SCN's `Int`): 32, never a
+                value = _enum_first(ptype, closure) or "32"  # zero-sized shared array
         chosen.append(("value", name, value))
     return chosen
 

@@ -188,3 +188,35 @@ def test_an_if_inside_a_constructor_initializer_list_does_not_hide_the_rest_of_t
     res = Extractor(disc).extract(kernel(disc, "scan_kernel"), "test")
     assert "struct BlockReverseScan" in res.unit.text and "struct WarpScan" in res.unit.text
     assert "#ifndef USE_ROCM" in res.unit.text  # the repository's own text, for nvcc to decide
+
+
+def test_template_values_written_in_a_launch_macro_and_integer_aliases(tmp_path):
+    """SparseConvNet launches `k<T, NTX, NTY><<<...>>>` inside `#define FOO(NTX, NTY)`, invoked
+    as FOO(32, 8): the unit takes those values. A value parameter of an integer alias (`Int`)
+    with no value anywhere gets 32, never 0 (a zero-sized shared array does not compile)."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "tile.cu").write_text(
+        "#include <cstdint>\nusing Int = int32_t;\n"
+        "template <typename T, Int NTX, Int NTY>\n"
+        "__global__ void tile_kernel(T *x, Int n) {\n"
+        "  __shared__ T buf[NTX];\n  buf[threadIdx.x % NTX] = x[threadIdx.x % n];\n"
+        "  __syncthreads();\n  x[0] = buf[NTY % NTX];\n}\n"
+        "#define TILE_LAUNCH(NTX, NTY) \\\n  { if (n % NTX == 0) { \\\n"
+        "      tile_kernel<T, NTX, NTY><<<1, dim3(NTX, NTY)>>>(x, n); return; } }\n"
+        "template <typename T> void tile(T *x, Int n) { TILE_LAUNCH(16, 8) TILE_LAUNCH(1, 64) }\n"
+        "template <typename T, Int N>\n"
+        "__global__ void row_kernel(T *x) { __shared__ T s[N]; s[0] = x[0]; x[1] = s[0]; }\n"
+        "template <typename T, Int N> void row(T *x) { row_kernel<T, N><<<1, 1>>>(x); }\n"
+    )
+    disc = discover(tmp_path)
+    ex = Extractor(disc)
+    tile = ex.extract(kernel(disc, "tile_kernel"), "t").unit
+    assert "constexpr auto NTX = 16;" in tile.text and "constexpr auto NTY = 8;" in tile.text
+    row = ex.extract(kernel(disc, "row_kernel"), "t").unit
+    assert "constexpr auto N = 32;" in row.text
+    for unit in (tile, row):
+        result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+        assert result.status.value == "ok", result.detail
