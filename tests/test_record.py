@@ -153,3 +153,10 @@ def test_wanted_functions_select_tests_through_their_wrappers(gpu_repo):
     # test_cuda.py never says gpu_only_forward, only on_gpu: the wrapper that calls it
     calls = record_repo_calls(repo, cache, wanted={"gpu_only_forward"})
     assert {c.test_file for c in calls["gpu_only_forward"]} == {"tests/test_cuda.py"}
+
+
+def test_an_extension_named_like_its_source_folder_records(gpu_repo_calls):
+    """setup.py builds `extension_type("gpuops.backend", ...)` from the C++ folder
+    gpuops/backend/: importing it gives the recorder, not that folder as a namespace package."""
+    (call,) = gpu_repo_calls["to_dense_forward"]
+    assert _values(call) == [[[0, 1], [1, 0]], [[2.0], [3.0]]]

@@ -266,6 +266,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             base = os.path.join(self.repo, *parts)
             if len(parts) == 1:
                 return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            if fullname in self.extensions:  # `torchsparse.backend`, beside its C++ folder
+                return importlib.machinery.ModuleSpec(fullname, self, is_package=False)
             if os.path.isfile(base + ".py") or os.path.isdir(base):
                 return self._source_spec(fullname, path)  # real source, asserts disarmed
             return importlib.machinery.ModuleSpec(fullname, self, is_package=False)
@@ -331,7 +333,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
-_EXTENSION = re.compile(r"\b\w*[Ee]xtension\s*\(\s*(?:name\s*=\s*)?[\"']([\w.]+)[\"']")
+_EXTENSION = re.compile(  # CUDAExtension("pkg._ext", ...), and `extension_type("pkg.backend"`
+    r"\b\w*[Ee]xtension\w*\s*\(\s*(?:name\s*=\s*)?[\"']([\w.]+)[\"']"
+)
 _LOADED = re.compile(
     r"\bcpp_extension\s*\.\s*load(?:_inline)?\s*\(\s*(?:name\s*=\s*)?[\"'](\w+)[\"']"
 )
