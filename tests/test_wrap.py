@@ -228,3 +228,24 @@ def test_a_kernel_launched_by_several_ops_belongs_to_the_one_named_like_its_file
     )
     assert ranked[0].endswith("/nms_cuda.cu")
     assert _home("a/roi_align_cuda_kernel.cuh", "b/roi_align_rotated_cuda.cu") == len("roi_align_")
+
+
+def test_a_launch_written_in_a_macro_is_launched_by_the_functions_that_invoke_it(tmp_path):
+    """`#define FOO(NTX) { k<T, NTX><<<...>>>(...); }` expanded by `void k_f(T *x, int n)`: the
+    launcher is k_f, and the tensor function calling it is exposed."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "template <typename T, int NTX>\n"
+        "__global__ void k(T *x, int n) { if (threadIdx.x < n) x[threadIdx.x] *= NTX; }\n"
+        "#define FOO(NTX) \\\n  { if (n % NTX == 0) { k<T, NTX><<<1, NTX>>>(x, n); return; } }\n"
+        "template <typename T>\nvoid k_f(T *x, int n) {\n  FOO(4);\n  FOO(1);\n}\n"
+        "at::Tensor k_forward(at::Tensor x) {\n"
+        "  k_f<float>(x.data_ptr<float>(), x.numel());\n  return x;\n}\n"
+    )
+    disc = discover(tmp_path)
+    w = mine_wrapper(kernel(disc, "k"), Extractor(disc), LauncherIndex(disc))
+    assert w is not None and w.chain == ["k_f", "k_forward"]
+    assert "#define FOO(NTX)" in w.code and "void k_f(" in w.code

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from miner.aliases import DEFINE_LINE
 from miner.closure import Closure, compute_closure
 from miner.extract import Extractor
 from miner.filemodel import Item
@@ -125,9 +126,25 @@ def launcher_candidates(fk: FoundKernel, disc: Discovery, index: LauncherIndex) 
     found: list[Item] = []
     for site in sites:
         item = index.enclosing(site.file, site.line)
-        if item is not None and item not in found and item is not fk.kdef.item:
-            found.append(item)
+        items = [item] if item is not None else _macro_invokers(disc, index, site)
+        for item in items:
+            if item not in found and item is not fk.kdef.item:
+                found.append(item)
     return found
+
+
+def _macro_invokers(disc: Discovery, index: LauncherIndex, site) -> list[Item]:
+    """The functions that invoke the macro a launch is written in (SparseConvNet's `bmd_f`
+    expands `SPARSECONVNET_FOO(32, 32)`, whose body holds the `<<<...>>>`): they launch it."""
+    model = disc.models.get(site.file)
+    if model is None:
+        return []
+    for m in DEFINE_LINE.finditer(model.code):
+        first, last = model.lines.line(m.start()), model.lines.line(max(m.start(), m.end() - 1))
+        if first <= site.line <= last and m.group("params") is not None:
+            callers = index.callers.get(m.group("name"), [])
+            return [c for c in _nearest_first(callers, site.file) if c.kind == "function"]
+    return []
 
 
 def exposed_for(
