@@ -160,3 +160,14 @@ def test_an_extension_named_like_its_source_folder_records(gpu_repo_calls):
     gpuops/backend/: importing it gives the recorder, not that folder as a namespace package."""
     (call,) = gpu_repo_calls["to_dense_forward"]
     assert _values(call) == [[[0, 1], [1, 0]], [[2.0], [3.0]]]
+
+
+def test_test_functions_that_only_the_main_block_can_call_run_as_a_script(gpu_repo_calls):
+    """`def test_scaled(kind, device="cuda")` and `for kind in ...: test_scaled(kind)` under
+    `__main__`: pytest runs nothing (no fixture `kind`), so the file runs as a script."""
+    calls = gpu_repo_calls["scaled_forward"]
+    assert [(c.args[0].dtype, c.args[1]) for c in calls] == [
+        (torch.float32, 3.0),
+        (torch.float64, 3.0),
+    ]
+    assert {c.test_file for c in calls} == {"tests/group_tests.py"}

@@ -722,6 +722,12 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
 
     class _Boundaries:
+        ran = 0  # tests that reached their call phase
+
+        @staticmethod
+        def pytest_runtest_logreport(report):
+            _Boundaries.ran += report.when == "call"
+
         @staticmethod
         def pytest_collection_modifyitems(items):
             """At most ITEMS_PER_TEST parametrizations of a test, spread over all of them: a
@@ -754,13 +760,14 @@ def main(argv: list[str]) -> int:
     pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
     with open(test_file, encoding="utf-8", errors="replace") as f:
         tree = ast.parse(f.read(), test_file)
+    script = any(_is_main_block(node) for node in tree.body)
     with _repository_view(finder.repo), pretend:
-        if not _has_tests(tree) and any(_is_main_block(node) for node in tree.body):
-            _run_script(test_file, tree)
-        else:
+        if _has_tests(tree) or not script:
             # --assert=plain: test modules load through the finder, which disarms their asserts
             options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--assert=plain", "--tb=no"]
             pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
+        if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
+            _run_script(test_file, tree)  # main block calls (pytest finds no fixture `Group`)
         log.begin()
     calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
     torch.save({"calls": calls, "refs": refs}, out)
