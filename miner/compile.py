@@ -69,10 +69,33 @@ def first_error(log: str) -> tuple[Reason, str]:
     return Reason.COMPILE_ERROR, (lines[0] if lines else "nvcc failed")[:300]
 
 
+_MANGLED_DTYPE = (  # the first template argument of a mangled kernel name
+    ("f", "float"),
+    ("d", "double"),
+    ("N3c104HalfE", "half"),
+    ("6__half", "half"),
+    ("N3c108BFloat16E", "bfloat16"),
+    ("13__nv_bfloat16", "bfloat16"),
+)
+
+
+def _ptxas_dtypes(log: str) -> set[str]:
+    """dtypes of the kernels ptxas refuses (`Entry function '_Z..IdLi64E..' uses too much
+    shared data`): a double tile can need twice the shared memory of a float one."""
+    found = set()
+    for mangled in re.findall(r"Entry function '(_Z\w+)'", log):
+        m = re.match(r"_Z(\d+)", mangled)
+        rest = mangled[m.end() + int(m.group(1)) :] if m else ""
+        if rest.startswith("I"):
+            found |= {dtype for code, dtype in _MANGLED_DTYPE if rest[1:].startswith(code)}
+    return found
+
+
 def failing_dtypes(log: str, text: str) -> set[str]:
-    """dtypes whose launch stub an error mentions (by namespace or by line)."""
+    """dtypes whose launch stub an error mentions (by namespace or by line), or whose kernel
+    ptxas refuses."""
     spans = instantiation_lines(text)
-    named = set(re.findall(r"kminer_inst_(\w+)", log))
+    named = set(re.findall(r"kminer_inst_(\w+)", log)) | _ptxas_dtypes(log)
     lines = {int(n) for n in re.findall(r"\((\d+)\): (?:catastrophic )?error", log)}
     lines |= {int(n) for n in re.findall(r"at line (\d+)", log)}
     for dtype, (a, b) in spans.items():

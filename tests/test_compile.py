@@ -76,6 +76,19 @@ def test_error_parsing_helpers():
     assert first_error(log) == (Reason.COMPILE_ERROR, 'line 12: identifier "foo" is undefined')
     fatal = "unit.cu:3:10: fatal error: cutlass/cutlass.h: No such file or directory\n"
     assert first_error(fatal)[0] == Reason.MISSING_HEADER
+    tiles = "\n".join(  # SparseConvNet's 64x16 tiles: the double ones exceed 48 KB
+        ["x"] * 10
+        + [
+            f"// kminer-inst-begin {t}\nnamespace kminer_inst_{t} {{}}\n// kminer-inst-end {t}"
+            for t in ("float", "double", "half")
+        ]
+    )
+    ptxas = (
+        "ptxas error   : Entry function '_Z27dConvolution_KMxKN_forwardAIdLi64ELi16EEvPT_S1_S1_"
+        "Piiiiii' uses too much shared data (0x10000 bytes, 0xc000 max)\n"
+        "ptxas error   : Entry function '_Z1kIN3c104HalfEEvPT_' uses too much shared data\n"
+    )
+    assert failing_dtypes(ptxas, tiles) == {"double", "half"}
 
 
 @pytest.mark.slow
