@@ -29,6 +29,7 @@ system-deps:
 	{ command -v chromium || test -x /usr/lib/chromium/chromium; } >/dev/null || missing="$$missing chromium"; \
 	{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	test -f /usr/include/eigen3/Eigen/Dense || missing="$$missing libeigen3-dev"; \
 	test -x /usr/bin/python3 || missing="$$missing python3"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing (apt-get)"; \

@@ -15,6 +15,8 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+from miner.toolchain import header_library_dirs
+
 TORCH_PREFIXES = ("ATen/", "c10/", "torch/", "THC/", "caffe2/", "pybind11/")
 TORCH_HEADERS = {"Python.h"}
 CXX_STD = set(
@@ -57,6 +59,7 @@ def system_include_dirs() -> tuple[Path, ...]:
                 dirs.append(Path(line.strip()))
     except (OSError, subprocess.SubprocessError):
         pass
+    dirs += [Path(d) for d in header_library_dirs()]
     return tuple(d for d in dirs if d.is_dir())
 
 

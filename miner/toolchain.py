@@ -184,10 +184,29 @@ def _has_cuda_math_headers() -> bool:
     return (include / "cublas_v2.h").is_file()
 
 
+# header-only libraries a distribution installs in a folder of their own (Debian's
+# libeigen3-dev: /usr/include/eigen3/Eigen/Dense), which repositories take as a git submodule
+# (lietorch's eigen/) that a snapshot may lack
+HEADER_LIBRARIES = ("eigen3",)
+
+
+def header_library_dirs() -> tuple[str, ...]:
+    """The folders of those libraries: a bundle's own copies beside this file (include/<lib>),
+    else this machine's /usr/include/<lib>."""
+    found = []
+    for lib in HEADER_LIBRARIES:
+        for base in (HERE / "include", Path("/usr/include")):
+            if (base / lib).is_dir():
+                found.append(str(base / lib))
+                break
+    return tuple(found)
+
+
 def unit_flags(needs_torch: bool) -> list[str]:
     """nvcc flags of a unit's compile check (`-c`): bare and fast, or with the torch headers
     and the defines cpp_extension sets for them."""
     flags = [f"-std={cxx_standard()}", *arch_flags(), "-w"]
+    flags += [f"-I{d}" for d in header_library_dirs()]
     if needs_torch:
         flags += [f"-I{d}" for d in torch_include_dirs()] + list(NVCC_DEFINES)
     return flags
@@ -202,6 +221,7 @@ def extension_flags() -> tuple[str, ...]:
     if not _has_cuda_math_headers():
         incs.append(str(HERE / "stubs/cuda_libs_shim"))
     incs.append(sysconfig.get_paths()["include"])
+    incs += header_library_dirs()
     return (
         *[f"-I{d}" for d in incs],
         *NVCC_DEFINES,
@@ -249,5 +269,9 @@ def compile_source(
 
 
 def extension_env() -> dict[str, str]:
-    """Environment for a `cpp_extension.load` build: the same arch list as every other build."""
-    return {"TORCH_CUDA_ARCH_LIST": arch_list()}
+    """Environment for a `cpp_extension.load` build: the same arch list as every other build,
+    and the header-only libraries on the compilers' search path (CPATH: g++ and nvcc)."""
+    env = {"TORCH_CUDA_ARCH_LIST": arch_list()}
+    if header_library_dirs():
+        env["CPATH"] = os.pathsep.join(header_library_dirs())
+    return env

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,26 @@ def _entry(workdir: Path, cand: Candidate) -> tuple[dict, dict[str, bytes]]:
     return entry, files
 
 
+_ANGLE_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]*<([\w.+-]+)/", re.MULTILINE)
+
+
+def _header_libraries(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The header-only libraries the bundle's sources include (`<Eigen/Dense>` from this
+    machine's /usr/include/eigen3), as include/<lib>/<folder>/...: the GPU box has none, and
+    its builds find them there (toolchain.header_library_dirs, through CPATH)."""
+    tops = {m.group(1).decode() for text in files.values() for m in _ANGLE_INCLUDE.finditer(text)}
+    out: dict[str, bytes] = {}
+    for lib_dir in map(Path, toolchain.header_library_dirs()):
+        for top in sorted(tops):
+            folder = lib_dir / top
+            if not folder.is_dir():
+                continue
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                rel = path.relative_to(lib_dir).as_posix()
+                out[f"include/{lib_dir.name}/{rel}"] = path.read_bytes()
+    return out
+
+
 def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | str) -> BundleInfo:
     """Write the bundle of every candidate that has a test (`tests.path`); a candidate whose files
     are missing from the workdir is left out and named in `skipped`, never fatal."""
@@ -135,6 +156,7 @@ def write_bundle(workdir: Path | str, cands: list[Candidate], out_path: Path | s
         manifest.append(entry)
         files.update(extra)
         info.ids.append(cand.id)
+    files.update(_header_libraries(files))
     files["manifest.json"] = (json.dumps(manifest, indent=1) + "\n").encode()
     files["README.txt"] = README.format(count=len(manifest)).encode()
     files["run.py"] = RUNNER.read_bytes()

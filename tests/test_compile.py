@@ -151,3 +151,21 @@ def test_a_kernel_over_a_traits_class_compiles_as_a_template(tmp_path):
     res, result = _compile(disc, Extractor(disc), "fwd_kernel")
     assert res.unit.instantiations == [] and "kminer_inst_" not in res.unit.text
     assert result.status == Status.OK, result.log
+
+
+@needs_nvcc
+def test_a_header_only_library_of_the_system_is_found_and_travels_in_bundles(tmp_path):
+    """`#include <Eigen/Dense>` (lietorch's submodule, absent from a snapshot) is found in this
+    machine's /usr/include/eigen3, units compile against it, and a bundle carries it."""
+    from miner.includes import exists_on_system
+    from testgen.bundle import _header_libraries
+
+    assert exists_on_system("Eigen/Dense")
+    text = (
+        "#include <Eigen/Dense>\n"
+        "__global__ void norm3(float *x) { x[0] = Eigen::Vector3f(x[0], x[1], x[2]).norm(); }\n"
+    )
+    assert compile_unit(text, False, []).status == Status.OK
+    carried = _header_libraries({"labels/a.cu": text.encode(), "b.cu": b"#include <cuda.h>\n"})
+    assert "include/eigen3/Eigen/Dense" in carried
+    assert not any(k.startswith("include/eigen3/unsupported/") for k in carried)  # not included
