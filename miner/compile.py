@@ -111,20 +111,22 @@ def _run_nvcc(text: str, needs_torch: bool, timeout: float) -> tuple[int | None,
 def compile_unit(
     text: str, needs_torch: bool, instantiations: list[str], timeout: float = 600
 ) -> CompileResult:
-    """Compile; on errors confined to some dtypes' stubs, drop those and compile once more."""
+    """Compile; on errors confined to some dtypes' stubs, drop those and compile again (as
+    long as float stays and each round drops another)."""
     if toolchain.nvcc_path() is None:
         return CompileResult(Status.SKIPPED, Reason.NO_COMPILER, "nvcc not found on PATH", text)
     code, log, seconds = _run_nvcc(text, needs_torch, timeout)
     full_log = log
     types = list(instantiations)
-    if code not in (0, None) and instantiations:
-        bad = failing_dtypes(log, text)
-        if bad and "float" not in bad:
-            text = drop_instantiations(text, bad)
-            types = [t for t in instantiations if t not in bad]
-            code, log, more = _run_nvcc(text, needs_torch, timeout)
-            seconds += more
-            full_log += f"\n--- retry without {', '.join(sorted(bad))} ---\n" + log
+    while code not in (0, None) and types:  # half fails in the front end, then double in ptxas
+        bad = failing_dtypes(log, text) & set(types)
+        if not bad or "float" in bad:
+            break
+        text = drop_instantiations(text, bad)
+        types = [t for t in types if t not in bad]
+        code, log, more = _run_nvcc(text, needs_torch, timeout)
+        seconds += more
+        full_log += f"\n--- retry without {', '.join(sorted(bad))} ---\n" + log
     if code is None:
         return CompileResult(Status.ERROR, Reason.COMPILE_TIMEOUT, log, text, [], full_log, seconds)
     if code != 0:

@@ -42,6 +42,27 @@ def test_dtype_the_template_rejects_is_dropped(tmp_path):
     assert "kminer_inst_half" not in result.text and "kminer_inst_double" in result.text
 
 
+def test_dtypes_failing_in_different_compiler_phases_are_dropped_in_turn(tmp_path):
+    """half fails in the front end; only once it is gone does ptxas see that a double tile
+    needs 64 KB of shared memory (SparseConvNet's 64x16 convolution tiles): both go."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "template <typename T, int K>\n__global__ void tile_kernel(T* x) {\n"
+        '  static_assert(sizeof(T) != 2, "no half tiles");\n'
+        "  __shared__ T buf[K * 512];\n  buf[threadIdx.x] = x[threadIdx.x];\n"
+        "  __syncthreads();\n  x[threadIdx.x] = buf[K * 512 - 1 - threadIdx.x];\n}\n"
+        "void tile(float* x) { tile_kernel<float, 16><<<1, 32>>>(x); }\n"
+    )
+    disc = discover(tmp_path)
+    _, result = _compile(disc, Extractor(disc), "tile_kernel")
+    assert result.status == Status.OK, result.detail
+    assert result.compiled_types == ["float"]
+    assert result.detail == "not for double, half"
+    assert "retry without half" in result.log and "retry without double" in result.log
+
+
 def test_broken_unit_reports_its_first_error(tmp_path):
     from miner.discover import discover
     from miner.extract import Extractor
