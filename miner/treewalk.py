@@ -27,6 +27,11 @@ from miner.filemodel import (
 from miner.textprep import LineIndex, RewrittenText
 
 LANGUAGE = ts.Language(tree_sitter_cuda.language())
+# a variable definition the grammar could not parse, read from its text
+_VARIABLE = re.compile(
+    r"\s*(?:(?:static|const|constexpr|inline|extern)\s+)*[A-Za-z_][\w:]*\s*(?:<[^;{}()]*>)?"
+    r"[\s*&]+([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=|;)"
+)
 _RECORD_TYPES = ("struct_specifier", "class_specifier", "union_specifier", "enum_specifier")
 
 
@@ -327,6 +332,10 @@ class _Walker:
             return self.make_item("other", [], start, end, ns)
         if it == "ERROR":
             self.errors += 1
+        if it in ("ERROR", "expression_statement"):
+            m = _VARIABLE.match(self.m.code[start:end])
+            if m:  # `std::vector<std::vector<Int>>> offsets = {...};`: `>>>` reads as a launch
+                return self.make_item("variable", [m.group(1)], start, end, ns)
         return self.make_item("other", [], start, end, ns)
 
     def function(self, node, fn, ns, start, end, template_params, explicit=False) -> Item:

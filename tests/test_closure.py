@@ -220,3 +220,20 @@ def test_template_values_written_in_a_launch_macro_and_integer_aliases(tmp_path)
     for unit in (tile, row):
         result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
         assert result.status.value == "ok", result.detail
+
+
+def test_a_variable_whose_type_ends_in_three_closing_brackets_is_a_variable(tmp_path):
+    """`std::vector<std::vector<std::vector<Int>>> offsets = {...};` (SparseConvNet): the CUDA
+    grammar reads `>>>` as a launch's end and gives an expression; the text says a variable,
+    so a host function that reads it gets its definition."""
+    from miner.discover import discover
+
+    (tmp_path / "offsets.h").write_text(
+        "#include <vector>\nusing Int = int;\n"
+        "std::vector<std::vector<std::vector<Int>>> offsets = {{}, {{0}, {-1}}};\n"
+        "int other = 3;\nFOO(1);\n"
+    )
+    (tmp_path / "k.cu").write_text('#include "offsets.h"\n__global__ void k(int *x) {}\n')
+    items = [(it.kind, it.names) for it in discover(tmp_path).models["offsets.h"].items]
+    assert ("variable", ("offsets",)) in items and ("variable", ("other",)) in items
+    assert not any("FOO" in names for _, names in items)  # a macro call stays no variable
