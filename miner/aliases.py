@@ -22,7 +22,7 @@ DEFINE_LINE = re.compile(
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\S")
 
-# Macros from headers outside the repository (torch, CUTLASS, CuTe) that act as qualifiers.
+# Macros from headers outside the repository (torch, CUTLASS, CuTe, Eigen) that act as qualifiers.
 KNOWN_QUALIFIERS = {
     "C10_HOST_DEVICE": "__host__ __device__",
     "C10_DEVICE": "__device__",
@@ -34,6 +34,9 @@ KNOWN_QUALIFIERS = {
     "CUTE_HOST_DEVICE": "__forceinline__ __host__ __device__",
     "CUTE_DEVICE": "__forceinline__ __device__",
     "CUTE_HOST": "__forceinline__ __host__",
+    "EIGEN_DEVICE_FUNC": "__host__ __device__",
+    "EIGEN_STRONG_INLINE": "inline",
+    "EIGEN_ALWAYS_INLINE": "inline",
 }
 KNOWN_BLANKED_CALLS = {
     "C10_LAUNCH_BOUNDS_0",

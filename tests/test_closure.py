@@ -237,3 +237,22 @@ def test_a_variable_whose_type_ends_in_three_closing_brackets_is_a_variable(tmp_
     items = [(it.kind, it.names) for it in discover(tmp_path).models["offsets.h"].items]
     assert ("variable", ("offsets",)) in items and ("variable", ("other",)) in items
     assert not any("FOO" in names for _, names in items)  # a macro call stays no variable
+
+
+def test_a_class_whose_members_carry_eigens_qualifier_stays_one_type(tmp_path):
+    """`EIGEN_DEVICE_FUNC static SE3 Exp(...)` inside a class (lietorch): the macro is Eigen's
+    `__host__ __device__`; unexpanded, the class falls apart into pieces a unit cannot use."""
+    from miner.discover import discover
+
+    (tmp_path / "se3.h").write_text(
+        "template <typename Scalar>\nclass SE3 {\n public:\n"
+        "  EIGEN_DEVICE_FUNC SE3() : t(0) {}\n"
+        "  EIGEN_DEVICE_FUNC static SE3<Scalar> Exp(Scalar x) { SE3<Scalar> s; s.t = x; "
+        "return s; }\n  EIGEN_DEVICE_FUNC EIGEN_STRONG_INLINE Scalar get() const { return t; }\n"
+        " private:\n  Scalar t;\n};\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "se3.h"\n__global__ void k(float *x) { x[0] = SE3<float>::Exp(x[1]).get(); }\n'
+    )
+    items = [(it.kind, it.names) for it in discover(tmp_path).models["se3.h"].items]
+    assert items == [("type", ("SE3",))]
