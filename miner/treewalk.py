@@ -32,6 +32,21 @@ _VARIABLE = re.compile(
     r"\s*(?:(?:static|const|constexpr|inline|extern)\s+)*[A-Za-z_][\w:]*\s*(?:<[^;{}()]*>)?"
     r"[\s*&]+([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=|;)"
 )
+
+
+def _define_end(code: str, start: int) -> int:
+    """Where the `#define` at `start` ends: the first line that does not continue with a
+    backslash (comments are blanked in `code`, so `/* ... */ \\` continues too)."""
+    pos = start
+    while True:
+        nl = code.find("\n", pos)
+        if nl < 0:
+            return len(code)
+        if not code[pos:nl].rstrip().endswith("\\"):
+            return nl
+        pos = nl + 1
+
+
 _RECORD_TYPES = ("struct_specifier", "class_specifier", "union_specifier", "enum_specifier")
 
 
@@ -248,8 +263,14 @@ class _Walker:
         params = None
         if params_node is not None:
             params = [p.strip() for p in self.txt(params_node).strip("()").split(",") if p.strip()]
-        body = self.txt(node.child_by_field_name("value"))
+        value = node.child_by_field_name("value")
+        body = self.txt(value)
         start, end = self.span(node)
+        full = _define_end(self.m.code, start)
+        if full > end:  # a comment inside the body ends the grammar's macro value early
+            end = full
+            if value is not None:
+                body = self.m.text[self.orig(value.start_byte) : end]
         item = self.make_item("macro", [name], start, end, ())
         # the macro's own name and parameters are not references
         item.refs = item.refs - {name} - set(params or ())
@@ -334,7 +355,8 @@ class _Walker:
             self.errors += 1
         if it in ("ERROR", "expression_statement"):
             m = _VARIABLE.match(self.m.code[start:end])
-            if m:  # `std::vector<std::vector<Int>>> offsets = {...};`: `>>>` reads as a launch
+            if m and ">>>" in m.group(0):  # `std::vector<std::vector<Int>>> offsets = {...};`:
+                # the grammar reads `>>>` as a launch's end (anything else is a fragment)
                 return self.make_item("variable", [m.group(1)], start, end, ns)
         return self.make_item("other", [], start, end, ns)
 

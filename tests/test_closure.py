@@ -256,3 +256,22 @@ def test_a_class_whose_members_carry_eigens_qualifier_stays_one_type(tmp_path):
     )
     items = [(it.kind, it.names) for it in discover(tmp_path).models["se3.h"].items]
     assert items == [("type", ("SE3",))]
+
+
+def test_a_macro_whose_body_holds_a_comment_is_whole(tmp_path):
+    """`/* don't use TYPE again */ \\` inside a dispatch macro (lietorch, from PyTorch's own
+    AT_DISPATCH): the grammar ends the macro's value at the comment; the item, and the label,
+    keep every continued line and see the names used after it."""
+    from miner.discover import discover
+
+    (tmp_path / "dispatch.h").write_text(
+        "#define DISPATCH(TYPE, ...)     \\\n  [&] {                          \\\n"
+        "    const auto& t = TYPE;        \\\n    /* evaluate TYPE once */     \\\n"
+        "    using group_t = SE3<float>;  \\\n    return __VA_ARGS__();        \\\n  }()\n"
+        "int after = 1;\n"
+    )
+    (tmp_path / "k.cu").write_text('#include "dispatch.h"\n__global__ void k(float *x) {}\n')
+    model = discover(tmp_path).models["dispatch.h"]
+    (macro,) = [it for it in model.items if it.kind == "macro"]
+    assert model.text[macro.start : macro.end].endswith("}()")
+    assert "SE3" in macro.refs and "group_t" in macro.refs
