@@ -175,7 +175,7 @@ def test_test_functions_that_only_the_main_block_can_call_run_as_a_script(gpu_re
 
 def test_a_recorded_tensor_keeps_its_memory_layout(gpu_repo_calls):
     """The same values channel-first and channel-last (a kernel chosen by `x.stride(1) == 1`)
-    are two calls, each with its strides."""
+    are two calls, each with its layout; the sliced channel-last view is kept dense."""
     strides = sorted(c.args[0].stride() for c in gpu_repo_calls["layout_forward"])
     assert strides == [(12, 1, 3), (12, 4, 1)]
     assert all(

@@ -167,15 +167,24 @@ def _shapes(values) -> tuple:
     return tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values)
 
 
+def _same_layout(t):
+    """A dense copy whose dimensions lie in memory in the order they do in `t`: a channel-last
+    view (`x.transpose(1, 2)`, even sliced out of a wider tensor) stays channel-last, which is
+    how a test reaches a kernel chosen by strides (`x.stride(1) == 1`)."""
+    import torch
+
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+    back = [order.index(d) for d in range(t.dim())]
+    return t.permute(order).clone(memory_format=torch.contiguous_format).permute(back)
+
+
 def _snapshot(value):
     import torch
 
     if isinstance(value, torch.Tensor):
         if value.numel() > MAX_ELEMENTS:
             return _TOO_BIG
-        # its memory layout kept where it is dense (a channel-last `x.transpose(1, 2)` is how
-        # a test reaches a kernel chosen by strides); a view with gaps becomes contiguous
-        snap = value.detach().to("cpu").clone(memory_format=torch.preserve_format)
+        snap = _same_layout(value.detach().to("cpu"))
         snap.__dict__.pop(_TAG, None)
         return snap
     if _is_numpy(value):  # a reference written in numpy: its arrays as tensors (see _numpy)
