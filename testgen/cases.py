@@ -277,7 +277,17 @@ def _signature(args: list) -> str:
 
 
 def shape_key(args: list) -> tuple:
-    return tuple(tuple(a.shape) if hasattr(a, "shape") else () for a in args)
+    """The call's shapes; a tensor laid out otherwise than row-major also by its dimensions'
+    order in memory (a channel-last call is another case than the channel-first one)."""
+    return tuple(_layout(a) for a in args)
+
+
+def _layout(a) -> tuple:
+    if not hasattr(a, "shape"):
+        return ()
+    if a.is_contiguous():
+        return tuple(a.shape)
+    return (tuple(a.shape), tuple(sorted(range(a.dim()), key=lambda d: -a.stride(d))))
 
 
 def base_calls(
