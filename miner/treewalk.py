@@ -34,6 +34,9 @@ _VARIABLE = re.compile(
 )
 
 
+_DEFINE_HEAD = re.compile(r"[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(\([^)\n]*\))?")
+
+
 def _define_end(code: str, start: int) -> int:
     """Where the `#define` at `start` ends: the first line that does not continue with a
     backslash (comments are blanked in `code`, so `/* ... */ \\` continues too)."""
@@ -173,6 +176,7 @@ class _Walker:
         self.src = source
         self.rw = rewritten
         self.errors = 0
+        self.define_until = 0  # offset up to which a #define extends past its parsed end
         self.seq = 0
 
     # offsets -------------------------------------------------------------------------------
@@ -215,6 +219,8 @@ class _Walker:
             if semi is not None:
                 i += 1
             i += 1
+            if self.orig(node.start_byte) < self.define_until:
+                continue  # the rest of a #define the grammar cut short at a comment
             ev = self.event(node, ns, semi)
             if isinstance(ev, list):
                 events.extend(ev)
@@ -267,10 +273,13 @@ class _Walker:
         body = self.txt(value)
         start, end = self.span(node)
         full = _define_end(self.m.code, start)
-        if full > end:  # a comment inside the body ends the grammar's macro value early
-            end = full
-            if value is not None:
-                body = self.m.text[self.orig(value.start_byte) : end]
+        head = _DEFINE_HEAD.match(self.m.code, start)
+        if head and (full > end or node.has_error):  # a comment in the body confuses the
+            end = self.define_until = max(end, full)  # grammar: it may end the macro there,
+            name = head.group(1)  # or name it after a later word
+            if head.group(2) is not None:
+                params = [p.strip() for p in head.group(2).strip("()").split(",") if p.strip()]
+            body = self.m.text[head.end() : end]
         item = self.make_item("macro", [name], start, end, ())
         # the macro's own name and parameters are not references
         item.refs = item.refs - {name} - set(params or ())

@@ -275,3 +275,8 @@ def test_a_macro_whose_body_holds_a_comment_is_whole(tmp_path):
     (macro,) = [it for it in model.items if it.kind == "macro"]
     assert model.text[macro.start : macro.end].rstrip().endswith("}()")
     assert "SE3" in macro.refs and "group_t" in macro.refs
+    # no item made of the lines the grammar read as code after the comment
+    assert [(it.kind, it.names) for it in model.items] == [
+        ("macro", ("DISPATCH",)),
+        ("variable", ("after",)),
+    ]
