@@ -56,6 +56,8 @@ def _returned(body: str, env: dict, refs, depth: int) -> list | None:
         names = [n.strip() for n in (tup.group(1) if tup else expr).split(",")]
         if not all(re.fullmatch(r"[A-Za-z_]\w*", n) for n in names):
             continue
+        if any(n in env for n in names):  # `return a;` after the device branches: a fallback
+            continue  # that hands back an argument, not what the op computes
         here = run_statements(body, env, m.start())
         found = [(n, here.get(n)) for n in names]
         if all(hasattr(v, "shape") for _, v in found):

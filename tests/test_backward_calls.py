@@ -65,3 +65,13 @@ def test_a_merged_op_chain_is_walked_along_the_calls_the_code_makes(tmp_path):
     )
     x = torch.randn(3, 8)
     assert carry_down(RecordedCall("pool_forward", [x, 2]), cand, refs) == [x, 2]
+
+
+def test_a_forward_whose_output_cannot_be_read_gives_no_backward_calls(tmp_path):
+    """`twice_forward` allocates `{rows, Traits::width}` (a constant the interpreter cannot
+    read) and ends with `return input;` for other devices: that fallback is no output shape,
+    so no calls are made (lietorch's expm: a gradient shaped like the input read past it)."""
+    _, refs = _repo(tmp_path)
+    recorded = {"twice_forward": [RecordedCall("twice_forward", [torch.randn(5, 3)])]}
+    why = backward_calls("twice_backward", recorded, refs)
+    assert isinstance(why, str) and "cannot be read" in why
