@@ -580,6 +580,24 @@ def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_pat
     assert module._run_case(case, base, label, squares)["ok"] is True
 
 
+def test_an_enlarged_case_whose_reference_overflows_is_left_out(refrepo, tmp_path):
+    """exp() of edge values x 1e4 is inf on the CPU and 1e271 on the GPU: noise, not a kernel
+    error. The same overflow in a recorded case is compared (inf must match inf)."""
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    big = torch.full((4,), 800.0, dtype=torch.float64)
+    base = [[big, torch.zeros(4, dtype=torch.float64), False]]
+    exp = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x.exp()), None][1])
+    finite = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.fill_(1e300), 0][1]})
+    case = {"id": "edge_large", "base": 0, "dtype": None, "edge": "large", "tile": None}
+    left_out = module._run_case(case, base, finite, exp)
+    assert left_out["ok"] is None and "overflows on enlarged values" in left_out["note"]
+    recorded = module._run_case({**case, "id": "recorded_0", "edge": None}, base, finite, exp)
+    assert recorded["ok"] is False
+
+
 def test_a_case_a_python_reference_asserts_against_is_left_out(refrepo, tmp_path):
     """`assert bias.shape[0] == x.shape[1]` in the repository's PyTorch reference: a derived
     case it refuses is invalid with the reason, not a failed test; the others are compared."""
