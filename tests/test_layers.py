@@ -21,17 +21,7 @@ TRAVELLERS = [
     ROOT / "miner" / "sandbox.py",
     ROOT / "miner" / "supervisor.py",
 ]
-SIBLINGS = {
-    "prebuild",
-    "batching",
-    "toolchain",
-    "sandbox",
-    "supervisor",
-    "runner",
-    "recorder",
-    "callcheck",
-    "refcheck",
-}
+SIBLINGS = {path.stem for path in TRAVELLERS} - {"__init__"}  # they import each other
 TRAVEL_OK = {"torch", "pytest", "numpy", "clang", "miner", "wrappers", "testgen"} | SIBLINGS
 
 
