@@ -52,6 +52,18 @@ def nvcc_path() -> str | None:
 
 
 @functools.cache
+def cuda_include_dir() -> str | None:
+    """The CUDA toolkit's headers (cuda.h, cuda_runtime.h) for host code g++ compiles: beside
+    nvcc, under CUDA_HOME, or /usr/local/cuda (nvcc on PATH may be a wrapper elsewhere)."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    bases = [Path(nvcc_path()).resolve().parent.parent] if nvcc_path() else []
+    for base in [*bases, *(Path(h) for h in homes if h)]:
+        if (base / "include" / "cuda_runtime.h").is_file():
+            return str(base / "include")
+    return None
+
+
+@functools.cache
 def nvcc_version() -> str:
     """The release of nvcc (`13.0.88`), part of every build key and a row's toolchain; '' when
     there is none."""
@@ -226,7 +238,7 @@ def extension_flags() -> tuple[str, ...]:
         *[f"-I{d}" for d in incs],
         *NVCC_DEFINES,
         "-DTORCH_API_INCLUDE_EXTENSION_H",
-        *_abi_flags(),
+        *abi_flags(),
         f"-std={cxx_standard()}",
         *arch_flags(),
         "-Xcompiler",
@@ -236,7 +248,7 @@ def extension_flags() -> tuple[str, ...]:
 
 
 @functools.cache
-def _abi_flags() -> tuple[str, ...]:
+def abi_flags() -> tuple[str, ...]:
     """The libstdc++ ABI torch was built with (cpp_extension's own helper where it has one)."""
     try:
         import torch

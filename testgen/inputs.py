@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import logging
 import re
 import sys
@@ -83,36 +84,52 @@ def repo_test_files(repo: Path) -> list[Path]:
     return sorted(found)
 
 
-def _cache_key(test_file: Path) -> str:
+def _cache_key(test_file: Path, built: dict[str, Path]) -> str:
     h = hashlib.sha256(RECORDER.read_bytes())
     for part in RECORDER_PARTS:
         h.update(part.read_bytes())
     h.update(test_file.read_bytes())
+    h.update(json.dumps(sorted((k, str(v)) for k, v in built.items())).encode())  # content-keyed
     return h.hexdigest()[:20]
 
 
+def _run_recorder(repo: Path, test_file: Path, built: dict[str, Path]) -> bytes | None:
+    with tempfile.TemporaryDirectory(prefix="kminer-record-") as tmp:
+        written = Path(tmp) / "calls.pt"
+        argv = [sys.executable, str(RECORDER), str(repo), str(test_file), str(written)]
+        if built:
+            (Path(tmp) / "built.json").write_text(json.dumps({k: str(v) for k, v in built.items()}))
+            argv.append(str(Path(tmp) / "built.json"))
+        readable = [repo, *{Path(p).parent for p in built.values()}]
+        result = sandbox.run(argv, RECORD_LIMITS, writable=[Path(tmp)], readable=readable)
+        data = sandbox.read_output(written)
+        if data is None:
+            why = "timed out" if result.timed_out else f"exit {result.returncode}"
+            log.info("recording %s: no calls (%s)", test_file.name, why)
+        return data
+
+
 def record_file(
-    repo: Path, test_file: Path, cache_dir: Path
+    repo: Path, test_file: Path, cache_dir: Path, built: dict[str, Path] | None = None
 ) -> tuple[list[RecordedCall], list[RefCall]]:
     """The extension calls one test file makes, and its calls of possible references (cached).
-    A file whose calls cannot be read back (a crash, a timeout, a value `weights_only` refuses)
-    gives none; the others go on."""
+    With `built` (the extensions `cpu_twin` built), the calls run on the CPU behind the log; a
+    recording that crashes with them is made again without them. A file whose calls cannot be
+    read back (a crash, a timeout, a value `weights_only` refuses) gives none, and is tried
+    again next run; the others go on."""
     import torch
 
     repo, test_file, cache_dir = repo.resolve(), test_file.resolve(), cache_dir.resolve()
+    built = built or {}
     cache_dir.mkdir(parents=True, exist_ok=True)
-    out = cache_dir / f"{_cache_key(test_file)}.pt"
+    out = cache_dir / f"{_cache_key(test_file, built)}.pt"
     if not out.exists():
-        with tempfile.TemporaryDirectory(prefix="kminer-record-") as tmp:
-            written = Path(tmp) / "calls.pt"
-            argv = [sys.executable, str(RECORDER), str(repo), str(test_file), str(written)]
-            result = sandbox.run(argv, RECORD_LIMITS, writable=[Path(tmp)], readable=[repo])
-            data = sandbox.read_output(written)
-            if data is None:
-                why = "timed out" if result.timed_out else f"exit {result.returncode}"
-                log.info("recording %s: no calls (%s); tried again next run", test_file.name, why)
-                return [], []
-            out.write_bytes(data)
+        data = _run_recorder(repo, test_file, built)
+        if data is None and built:
+            data = _run_recorder(repo, test_file, {})
+        if data is None:
+            return [], []
+        out.write_bytes(data)
     rel = test_file.relative_to(repo).as_posix()
     try:
         raw = torch.load(out, weights_only=True)
@@ -128,10 +145,10 @@ def record_file(
 
 
 def record_repo_calls(
-    repo: Path, cache_dir: Path, wanted: set[str] | None = None
+    repo: Path, cache_dir: Path, wanted: set[str] | None = None, built: dict | None = None
 ) -> dict[str, list[RecordedCall]]:
     """Every extension call of the repository's tests, by function name; only the test files
-    that mention one of `wanted` are run when it is given."""
+    that mention one of `wanted` are run when it is given. `built`: see `record_file`."""
     calls = Recorded()
     tests = repo_test_files(repo)
     if wanted is not None:
@@ -142,7 +159,7 @@ def record_repo_calls(
             text = path.read_text("utf-8", errors="replace")
             if not any(name in text for name in mentions) and not words & _words(text):
                 continue
-        found, refs = record_file(repo, path, cache_dir)
+        found, refs = record_file(repo, path, cache_dir, built)
         for call in found:
             calls.setdefault(call.function, []).append(call)
         calls.refs.extend(refs)

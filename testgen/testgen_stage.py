@@ -1,9 +1,10 @@
 """The testgen stage: a test for every built label (testgen/generate.py does one candidate).
 
-Before the candidates, once per run: the repository parsed for its CPU references, and its own
-tests run by the recorder (in the sandbox) for the calls they make, limited to the test files that
-can reach the ops at hand. A candidate is redone when its label or kminer's code changed, or when
-a model is now set for one that waited for a model's reference or inputs.
+Before the candidates, once per run: the repository parsed for its CPU references, its extensions
+built for the CPU (testgen/cpu_twin.py), and its own tests run by the recorder (in the sandbox,
+with those extensions computing behind it) for the calls they make, limited to the test files
+that can reach the ops at hand. A candidate is redone when its label or kminer's code changed,
+or when a model is now set for one that waited for a model's reference or inputs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 
 from miner.candidate import Candidate, Reason, StageName, Status
 from miner.stage import Done, RunContext, Stage
+from testgen.cpu_twin import cpu_extensions
 from testgen.generate import ModelHelp, generate_for
 from testgen.inputs import record_repo_calls
 from testgen.reference import RepoRefs
@@ -43,7 +45,9 @@ class Testgen(Stage):
         refs = RepoRefs(ctx.ensure_discovery())
         wanted = {c.wrapper.op_map.get("python_name") for c in batch}
         wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
+        with ctx.timed("cpu_twin"):
+            built = cpu_extensions(ctx.src.root, ctx.workdir / "cpu_twin", wanted, ctx.cfg.jobs)
         with ctx.timed("record"):
-            recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted=wanted)
+            recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted, built)
         llm = ctx.llm and ModelHelp(ctx.llm, ctx.store, ctx.cfg.max_attempts)
         yield from self.each(batch, lambda c: generate_for(c, refs, recorded, ctx.workdir, llm))

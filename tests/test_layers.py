@@ -23,6 +23,7 @@ TRAVELLERS = [
 ]
 SIBLINGS = {path.stem for path in TRAVELLERS} - {"__init__"}  # they import each other
 TRAVEL_OK = {"torch", "pytest", "numpy", "clang", "miner", "wrappers", "testgen"} | SIBLINGS
+TRAVEL_OK |= {"setuptools"}  # torch needs it on Python >= 3.12; setup.py files import it anyway
 
 
 def _modules() -> dict[str, Path]:

@@ -27,7 +27,8 @@ recorder that snapshots each call's arguments. What the tests need and this mach
   arguments, and the reference's calls are paired with the extension calls of the same values.
 
 The calls are written with `torch.save`.
-Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt
+Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt [BUILT.json]
+(BUILT.json: the repository's extensions kminer built for the CPU, which run behind the log)
 It imports only the standard library, torch, pytest and its two siblings (record_log.py,
 pretend_cuda.py, the same way): it also runs on the GPU box.
 """
@@ -40,6 +41,8 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import json
 import os
 import re
 import shutil
@@ -49,10 +52,10 @@ import time
 import types
 
 try:  # beside this script in the sandbox; as kminer's modules when imported (tests)
-    from testgen.standalone.pretend_cuda import _fake_cuda
+    from testgen.standalone.pretend_cuda import _fake_cuda, _tag, _tagged
     from testgen.standalone.record_log import _Log, _within_budget
 except ImportError:
-    from pretend_cuda import _fake_cuda
+    from pretend_cuda import _fake_cuda, _tag, _tagged
     from record_log import _Log, _within_budget
 
 ITEMS_PER_TEST = 32  # parametrizations of one test run (spread over its parameter grid)
@@ -128,23 +131,46 @@ class _StubModule(types.ModuleType):
 
 class _Recorder(types.ModuleType):
     """The repository's compiled extension (or its `torch.ops` namespace): every function records
-    its call and returns None."""
+    its call, then runs the extension built for the CPU (`real`, kminer's `testgen.cpu_twin`)
+    when there is one, so the test goes on with real results; without one, or when the built
+    function refuses (a CUDA-only launcher is a stub that raises), the call returns None."""
 
-    def __init__(self, name: str, log: _Log) -> None:
+    def __init__(self, name: str, log: _Log, real=None) -> None:
         super().__init__(name)
         self._log = log
+        self._real = real
 
     def __getattr__(self, attr):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
-        log = self._log
+        log, real = self._log, self._real
 
         def record(*args, **kwargs):
             log.add(attr, args, kwargs)
-            return None
+            if real is None:
+                return None
+            try:
+                result = getattr(real, attr)(*args, **kwargs)
+            except Exception:
+                return None
+            if any(_tagged(a) for a in (*args, *kwargs.values())):
+                _tag(result)  # computed from tensors that pass for CUDA ones
+            return result
 
         record.__name__ = attr
         return record
+
+
+def _load_built(name: str, path: str):
+    """The module built for the CPU at `path`, imported as `name`; None when it does not load."""
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception as exc:
+        print(f"kminer-record: {name} built for the CPU does not load: {exc}", file=sys.stderr)
+        return None
 
 
 class _Package(types.ModuleType):
@@ -248,9 +274,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     file is its compiled extension (the recorder); a module the repository imports and this
     machine lacks is a stub."""
 
-    def __init__(self, repo: str, log: _Log) -> None:
+    def __init__(self, repo: str, log: _Log, built: dict | None = None) -> None:
         self.repo = os.path.realpath(repo)
         self.log = log
+        self.built = dict(built or {})  # import name → the module built for the CPU
         self.packages = {
             d
             for d in os.listdir(self.repo)
@@ -258,6 +285,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         }
         # compiled modules its setup.py builds; namespaces its C++ registers operators in
         self.extensions, self.namespaces = _compiled_names(self.repo)
+        self.extensions |= set(self.built)
 
     def find_spec(self, fullname, path, target=None):
         top = fullname.split(".")[0]
@@ -326,7 +354,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__file__ = os.path.join(self.repo, parts[0], "__init__.py")
             return module
         if parts[0] in self.packages or spec.name in self.extensions:
-            return _Recorder(spec.name, self.log)
+            path = self.built.get(spec.name)
+            return _Recorder(spec.name, self.log, path and _load_built(spec.name, path))
         return _StubModule(spec.name)
 
     def exec_module(self, module):
@@ -541,7 +570,12 @@ def _run_script(path: str, tree: ast.Module) -> None:
             node.body = body
     code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
     sys.argv = [path]
-    sys.path.insert(0, os.path.dirname(path))
+    here = os.path.dirname(path)
+    sys.path.insert(0, here)
+    for name, module in list(sys.modules.items()):  # stubbed while pytest collected the file,
+        top = os.path.join(here, name.split(".")[0])  # now found beside it (`from gradcheck
+        if isinstance(module, _StubModule) and (os.path.isdir(top) or os.path.isfile(top + ".py")):
+            del sys.modules[name]  # import ...` in lietorch/run_tests.py)
     with contextlib.suppress(Exception, SystemExit):
         exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
 
@@ -596,12 +630,19 @@ class _Raises:
 def _record_torch_ops(finder: _Finder) -> None:
     """Custom operators of the repository (`torch.ops.torch_scatter.scatter_max(...)`, under
     its packages' names or the namespaces its C++ registers) record;
-    loading the repository's own operator libraries does nothing (they are not built here)."""
+    loading the repository's own operator libraries does nothing (they are not built here); those
+    kminer built for the CPU are loaded first and run behind the recording."""
     import torch
 
-    for namespace in finder.packages | finder.namespaces:
-        setattr(torch.ops, namespace, _Recorder(f"torch.ops.{namespace}", finder.log))
     load_library = torch.ops.load_library
+    for path in finder.built.values():
+        try:
+            load_library(path)
+        except Exception as exc:
+            print(f"kminer-record: {path} does not load: {exc}", file=sys.stderr)
+    for namespace in finder.packages | finder.namespaces:
+        real = getattr(torch.ops, namespace) if finder.built else None
+        setattr(torch.ops, namespace, _Recorder(f"torch.ops.{namespace}", finder.log, real))
 
     def load_repository_library(path):
         if os.path.realpath(str(path)).startswith(finder.repo + os.sep):
@@ -701,7 +742,11 @@ def _repository_view(repo: str):
 
 
 def main(argv: list[str]) -> int:
-    repo, test_file, out = (os.path.abspath(a) for a in argv)
+    repo, test_file, out = (os.path.abspath(a) for a in argv[:3])
+    built = {}
+    if len(argv) > 3:  # {import name: path} of the extensions kminer built for the CPU
+        with open(argv[3], encoding="utf-8") as f:
+            built = json.load(f)
     sys.dont_write_bytecode = True
     import builtins
 
@@ -713,7 +758,7 @@ def main(argv: list[str]) -> int:
 
         has_triton_package()
     log = _Log()
-    finder = _Finder(repo, log)
+    finder = _Finder(repo, log, built)
     _DisarmedLoader.repo = finder.repo
     builtins.__kminer_ref__ = log.ref_recorder
     builtins.__kminer_both__ = log.on_both_devices

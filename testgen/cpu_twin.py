@@ -1,0 +1,211 @@
+"""The repository's own extension, built for the CPU, so its tests can run while they are recorded.
+
+The recorder runs a repository's tests with the compiled extension replaced by a log; every call
+returned None, so a test stopped at the first call whose result it used: lietorch's `Group.exp(a)
+.log()` recorded `expm` and never `logm`, a backward was never reached through autograd, and
+pytorch_sparse's `SparseTensor` never existed (its `ind2ptr` gave None). Most such repositories
+ship a CPU implementation beside the CUDA one and dispatch on the tensor's device, and the
+recorder's tensors stay on the CPU: built here, the extension computes real results.
+
+So: `capture` reads the extensions from setup.py as it runs (`standalone/setupcapture.py`, in the
+sandbox: a CPU description, else one with CUDA pretended); `build` compiles each one's C++ sources
+(never its .cu) with g++ against the installed torch, inside the sandbox too, leaving out a
+source that does not compile; what the objects then lack (the CUDA launchers, a left-out
+source's functions) is defined by stubs that raise, which the recorder turns back into a call that
+returned None. Built once per repository snapshot and kminer version (cached under the workdir).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import sys
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from miner import sandbox, toolchain
+from testgen.standalone import SETUPCAPTURE
+
+log = logging.getLogger(__name__)
+CXX_SOURCES = (".cpp", ".cc", ".cxx", ".c")
+MAX_SOURCES = 24  # C++ sources built per repository (each parses the torch headers: ~30 s)
+COMPILE_LIMITS = sandbox.Limits(seconds=600, memory_mb=8 << 10, processes=64)
+CAPTURE_LIMITS = sandbox.Limits(seconds=120, memory_mb=8 << 10, processes=64)
+_UNDEFINED = re.compile(r"undefined reference to `([^']+)'")
+_PYTHON_API = re.compile(r"^_?Py|^_Py")  # resolved by the interpreter that loads the module
+
+
+@dataclass(frozen=True)
+class Extension:
+    name: str  # as Python imports it: lietorch_backends, torch_sparse._convert_cpu
+    sources: tuple[str, ...]  # the C++ ones, relative to the repository
+    include_dirs: tuple[str, ...]
+    defines: tuple[str, ...]  # -D / -U flags
+    cxx_args: tuple[str, ...]
+
+    @classmethod
+    def from_setup(cls, desc: dict) -> Extension:
+        defines = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in desc["define_macros"]]
+        defines += [f"-U{m}" for m in desc["undef_macros"]]
+        keep = [a for a in desc["cxx_args"] if a.startswith(("-D", "-U", "-std=", "-fopenmp"))]
+        return cls(
+            name=desc["name"],
+            sources=tuple(s for s in desc["sources"] if s.endswith(CXX_SOURCES)),
+            include_dirs=tuple(desc["include_dirs"]),
+            defines=tuple(defines),
+            cxx_args=tuple(keep),
+        )
+
+
+def capture(repo: Path) -> list[Extension]:
+    """The extensions setup.py describes (with C++ sources), read by running it in the sandbox:
+    as on a machine without CUDA first, then with CUDA pretended when that describes none."""
+    if not (repo / "setup.py").is_file():
+        return []
+    for flags in ([], ["--cuda"]):
+        with tempfile.TemporaryDirectory(prefix="kminer-setup-") as tmp:
+            out = Path(tmp) / "extensions.json"
+            argv = [sys.executable, str(SETUPCAPTURE), str(repo), str(out), *flags]
+            sandbox.run(argv, CAPTURE_LIMITS, writable=[Path(tmp)], readable=[repo])
+            try:
+                found = [Extension.from_setup(d) for d in json.loads(out.read_text())]
+            except (OSError, ValueError, KeyError, TypeError):
+                found = []
+        found = [e for e in found if e.sources]
+        if found:
+            return found
+    return []
+
+
+def _flags(repo: Path, ext: Extension) -> list[str]:
+    incs = [str(repo / d) for d in ext.include_dirs] + list(toolchain.torch_include_dirs())
+    incs += [sysconfig.get_paths()["include"], *toolchain.header_library_dirs()]
+    if toolchain.cuda_include_dir():  # cuda.h for host code that names CUDA types
+        incs.append(toolchain.cuda_include_dir())
+    leaf = ext.name.rsplit(".", 1)[-1]
+    return [
+        f"-std={toolchain.cxx_standard()}", "-fPIC", "-O1", "-w", "-fopenmp",
+        *[f"-I{d}" for d in incs], *ext.defines, *ext.cxx_args,
+        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={leaf}",
+        *toolchain.abi_flags(),
+    ]  # fmt: skip
+
+
+def _run(argv: list[str], folder: Path, repo: Path, objects: Path | None = None) -> sandbox.Result:
+    """g++ in the sandbox, writing only into `folder` (each run its own: the sandbox gives it to
+    the run's uid), reading the repository and the objects built before."""
+    folder.mkdir(parents=True, exist_ok=True)
+    readable = [repo, *([objects] if objects else [])]
+    return sandbox.run(argv, COMPILE_LIMITS, cwd=folder, readable=readable)
+
+
+def _stubs(symbols: set[str]) -> str:
+    """A definition of each missing function that raises: pybind11 turns the exception into a
+    Python RuntimeError, which the recorder reads as a call that returned None."""
+    lines = ["#include <stdexcept>"]
+    for i, sym in enumerate(sorted(symbols)):
+        lines.append(f'extern "C" void kminer_missing_{i}() __asm__("{sym}");')
+        lines.append(
+            f'extern "C" void kminer_missing_{i}() {{ throw std::runtime_error('
+            f'"kminer: {sym[:80]} is not built for the CPU"); }}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _torch_libs() -> list[str]:
+    lib = Path(toolchain.torch_include_dirs()[0]).parent / "lib"
+    return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | None:
+    """`ext` as a loadable module under `out_dir` (None when no source compiles or it does not
+    link); a source that fails to compile is left out and its functions become stubs."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kminer-cputwin-") as t:
+        tmp = Path(t)
+        flags = _flags(repo, ext)
+
+        def compile_one(i_src):
+            i, src = i_src
+            obj = tmp / f"c{i}" / "source.o"
+            done = _run(["g++", "-c", *flags, str(repo / src), "-o", str(obj)], obj.parent, repo)
+            if done.returncode != 0:
+                log.info("cpu twin %s: %s does not compile: %s", ext.name, src, done.stderr[-300:])
+                return None
+            return obj
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            objs = [o for o in pool.map(compile_one, enumerate(ext.sources)) if o]
+        if not objs:
+            return None
+        so = tmp / "link" / "module.so"
+        link = ["g++", "-shared", "-fopenmp", *map(str, objs), "-o", str(so), *_torch_libs()]
+        probe = _run([*link, "-Wl,--no-undefined", "-Wl,--no-demangle"], so.parent, repo, tmp)
+        missing = {s for s in _UNDEFINED.findall(probe.stderr) if not _PYTHON_API.match(s)}
+        if missing:
+            stub = tmp / "stubs" / "missing.cpp"
+            stub.parent.mkdir()
+            stub.write_text(_stubs(missing))
+            obj = stub.with_suffix(".o")
+            stubbed = _run(["g++", "-c", "-fPIC", str(stub), "-o", str(obj)], stub.parent, repo)
+            if stubbed.returncode != 0:
+                return None
+            link.insert(3, str(obj))
+        if _run(link, so.parent, repo, tmp).returncode != 0 or not so.is_file():
+            return None
+        final = out_dir / f"{ext.name}.so"
+        final.write_bytes(so.read_bytes())
+        return final
+
+
+def _snapshot_key(repo: Path, exts: list[Extension]) -> str:
+    """The C/C++ sources and headers of the repository, the extensions and this code."""
+    h = hashlib.sha256(json.dumps([e.__dict__ for e in exts], default=list).encode())
+    h.update(Path(__file__).read_bytes() + toolchain.torch_version().encode())
+    for path in sorted(repo.rglob("*")):
+        if path.suffix in (*CXX_SOURCES, ".h", ".hpp", ".hh", ".cuh", ".inl") and path.is_file():
+            h.update(path.relative_to(repo).as_posix().encode() + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: int = 2) -> dict:
+    """Import name → built module for the extensions whose C++ names one of `wanted` (the ops at
+    hand; every extension when None), at most MAX_SOURCES sources in all (cached)."""
+    exts = capture(repo)
+    if wanted is not None:
+        words = {w for w in wanted if w}
+        exts = [e for e in exts if any(_mentions(repo / s, words) for s in e.sources)]
+    chosen, total = [], 0
+    for ext in exts:
+        if total + len(ext.sources) <= MAX_SOURCES:
+            chosen.append(ext)
+            total += len(ext.sources)
+        else:
+            log.info("cpu twin %s: left out (over %d sources in all)", ext.name, MAX_SOURCES)
+    if not chosen:
+        return {}
+    folder = cache_dir / _snapshot_key(repo, chosen)
+    index = folder / "index.json"
+    if index.is_file():
+        return {k: Path(v) for k, v in json.loads(index.read_text()).items()}
+    built = {}
+    for ext in chosen:
+        so = build(repo, ext, folder, jobs)
+        if so is not None:
+            built[ext.name] = so
+    folder.mkdir(parents=True, exist_ok=True)
+    index.write_text(json.dumps({k: str(v) for k, v in built.items()}))
+    return built
+
+
+def _mentions(path: Path, words: set[str]) -> bool:
+    try:
+        text = path.read_text("utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(re.search(rf"\b{re.escape(w)}\b", text) for w in words)

@@ -1,0 +1,115 @@
+"""Read the extensions a repository's setup.py would build, without building them.
+
+Where a repository compiles its C++ (which sources, include folders, macros) is written in its
+setup.py, often computed: globs, environment switches, a CPU and a CUDA flavour of each module.
+Reading the text misses most of that; running the script finds it exactly. So this script runs
+setup.py (repository code: only inside `miner.sandbox.run`) with `setup()` and torch's
+`CppExtension`/`CUDAExtension` replaced by recorders, and writes what they were given as JSON.
+With `--cuda`, CUDA is pretended (`torch.cuda.is_available()`, `CUDA_HOME`, `FORCE_CUDA=1`) for
+scripts that refuse to describe anything without it.
+
+Usage (what `testgen.cpu_twin.capture` runs): python setupcapture.py REPO OUT.json [--cuda]
+Standard library and torch only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import sys
+import tempfile
+
+
+class _SetupCalled(Exception):
+    """Raised by the recording `setup()`: nothing after it matters."""
+
+
+def _described(kind: str, name, sources=(), *args, **kwargs) -> dict:
+    compile_args = kwargs.get("extra_compile_args") or {}
+    cxx = compile_args.get("cxx", []) if isinstance(compile_args, dict) else list(compile_args)
+    return {
+        "name": str(name),
+        "kind": kind,
+        "sources": [str(s) for s in (sources or kwargs.get("sources") or ())],
+        "include_dirs": [str(d) for d in kwargs.get("include_dirs") or ()],
+        "define_macros": [[str(k), None if v is None else str(v)] for k, v in
+                          kwargs.get("define_macros") or ()],
+        "undef_macros": [str(m) for m in kwargs.get("undef_macros") or ()],
+        "cxx_args": [str(a) for a in cxx],
+    }  # fmt: skip
+
+
+def _patch(cuda: bool) -> list:
+    import setuptools
+    import torch
+    import torch.utils.cpp_extension as ce
+
+    found: list = []
+
+    def extension(kind):
+        def make(name, sources=(), *args, **kwargs):
+            desc = _described(kind, name, sources, *args, **kwargs)
+            found.append(desc)
+            return desc
+
+        return make
+
+    def setup(*args, **kwargs):
+        raise _SetupCalled()
+
+    ce.CppExtension = extension("cpp")
+    ce.CUDAExtension = extension("cuda")
+    setuptools.setup = setup
+    try:
+        import distutils.core
+
+        distutils.core.setup = setup
+    except ImportError:
+        pass
+    if cuda:
+        torch.cuda.is_available = lambda: True
+        ce.CUDA_HOME = ce.CUDA_HOME or os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+        os.environ["FORCE_CUDA"] = "1"
+    return found
+
+
+def _relative(path: str, view: str, repo: str) -> str | None:
+    """A path setup.py named (relative to its folder, or absolute inside the view of
+    symlinks) as a path relative to the repository; None for one outside it."""
+    full = os.path.realpath(os.path.join(view, path))
+    if full == repo or full.startswith(repo + os.sep):
+        return os.path.relpath(full, repo)
+    return None
+
+
+def main(argv: list[str]) -> int:
+    repo, out = os.path.realpath(argv[0]), argv[1]
+    cuda = "--cuda" in argv[2:]
+    view = tempfile.mkdtemp(prefix="kminer-setup-")
+    for entry in os.listdir(repo):  # setup.py may write beside itself: into the view
+        if entry != ".git":
+            os.symlink(os.path.join(repo, entry), os.path.join(view, entry))
+    os.chdir(view)
+    sys.path.insert(0, view)
+    sys.argv = [os.path.join(view, "setup.py"), "build_ext"]
+    found = _patch(cuda)
+    try:
+        runpy.run_path(os.path.join(view, "setup.py"), run_name="__main__")
+    except _SetupCalled:
+        pass
+    except BaseException as exc:  # whatever it described before failing counts
+        print(f"kminer-setup: setup.py stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    for ext in found:
+        ext["sources"] = [p for s in ext["sources"] if (p := _relative(s, view, repo))]
+        ext["include_dirs"] = [p for d in ext["include_dirs"] if (p := _relative(d, view, repo))]
+    shutil.rmtree(view, ignore_errors=True)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(found, f)
+    print(f"kminer-setup: {len(found)} extensions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

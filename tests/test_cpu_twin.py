@@ -1,0 +1,99 @@
+"""The repository's extension built for the CPU runs behind the recorder: a test that feeds one
+call's result into the next (a forward's `count` into its backward, through autograd) records
+both calls."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from testgen.cpu_twin import Extension, capture, cpu_extensions
+from testgen.inputs import record_repo_calls
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bwdrepo"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("twin")
+    repo = root / "repo"
+    shutil.copytree(FIXTURE, repo)
+    return repo, cpu_extensions(repo, root / "cpu_twin", {"pool_forward"}), root
+
+
+def test_setup_py_is_read_by_running_it():
+    """The C++ sources of the extension as setup.py computes them (the .cu left out); a script
+    that only describes its extension when CUDA is there is run with CUDA pretended."""
+    (ext,) = capture(FIXTURE)
+    assert ext.name == "pool_ext"
+    assert ext.sources == ("src/pool.cpp", "src/cpu/pool_cpu.cpp")
+    legacy = capture(FIXTURE.parent / "legacyrepo")
+    assert [(e.name, e.sources) for e in legacy] == [
+        ("_ext", ("src/vision.cpp", "src/cpu/scale_cpu.cpp"))
+    ]
+    described = {
+        "name": "pkg._C",
+        "sources": ["a.cpp", "b.cu"],
+        "include_dirs": ["inc"],
+        "define_macros": [["WITH_CUDA", None], ["N", "4"]],
+        "undef_macros": ["NDEBUG"],
+        "cxx_args": ["-O3", "-DAT_PARALLEL_OPENMP", "-fopenmp", "-march=native"],
+    }
+    ext = Extension.from_setup(described)
+    assert ext.sources == ("a.cpp",)
+    assert ext.defines == ("-DWITH_CUDA", "-DN=4", "-UNDEBUG")
+    assert ext.cxx_args == ("-DAT_PARALLEL_OPENMP", "-fopenmp")
+
+
+@pytest.mark.slow
+def test_the_cuda_launchers_the_module_lacks_are_stubs(built):
+    _, modules, _ = built
+    assert set(modules) == {"pool_ext"}
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(modules["pool_ext"])], capture_output=True, text=True
+    ).stdout
+    assert "pool_forward_cuda" in symbols and "pool_backward_cuda" in symbols  # the stubs
+    assert "PyInit_pool_ext" in symbols
+
+
+@pytest.mark.slow
+def test_calls_fed_by_an_earlier_result_record_with_the_module_behind(built):
+    repo, modules, root = built
+    without = record_repo_calls(repo, root / "plain")
+    assert "pool_backward" not in without  # the forward returned None: gradcheck stopped
+    recorded = record_repo_calls(repo, root / "with", built=modules)
+    forward, backward = recorded["pool_forward"], recorded["pool_backward"]
+    assert [tuple(c.args[0].shape) for c in forward] == [(3, 8), (4, 10), (2, 33)]
+    assert len(backward) == 3
+    for fwd, bwd in zip(forward, backward, strict=True):
+        grad_output, x, count, kernel = bwd.args
+        assert torch.equal(x, fwd.args[0]) and kernel == fwd.args[1]
+        out_w = fwd.args[0].shape[1] // kernel
+        assert count.shape == grad_output.shape == (fwd.args[0].shape[0], out_w)
+        assert torch.all(count == kernel)  # the CPU forward's real second output
+
+
+@pytest.mark.slow
+def test_a_script_finds_the_helper_beside_it_after_pytest_stubbed_it(built):
+    """`from pool_helpers import rows` in a script of a package (lietorch/run_tests.py) whose
+    test functions take a parameter pytest cannot fill: pytest's collection stubbed the helper
+    (the package's parent is on its path, not the package); the script run that follows
+    imports the real one from beside the script."""
+    _, modules, root = built
+    repo = root / "script-repo"
+    shutil.copytree(FIXTURE, repo)
+    (repo / "checks").mkdir()
+    (repo / "checks" / "__init__.py").write_text("")
+    (repo / "checks" / "pool_helpers.py").write_text(
+        "import torch\n\ndef rows(n):\n    return torch.arange(n * 6.0).view(n, 6)\n"
+    )
+    (repo / "checks" / "pool_tests.py").write_text(
+        "from pool_helpers import rows\nimport pool_ext\n\n"
+        "def test_rows(n):\n    pool_ext.pool_forward(rows(n), 3)\n\n"
+        "if __name__ == '__main__':\n    test_rows(5)\n"
+    )
+    recorded = record_repo_calls(repo, root / "script", built=modules)
+    shapes = [tuple(c.args[0].shape) for c in recorded["pool_forward"]]
+    assert (5, 6) in shapes
