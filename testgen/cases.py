@@ -298,12 +298,16 @@ def base_calls(
     found: list[BaseCall] = []
     why: list[str] = []
     seen: set[str] = set()
+    required = _required_tensors(cand, refs)
     for call in calls:
         try:
             args = carry_down(call, cand, refs)
         except Unmappable as e:
             why.append(str(e))
             continue
+        if any(i < len(args) and args[i] is None for i in required):
+            why.append("a recorded call passes None where the launcher takes a tensor")
+            continue  # (made from a result the recording could not compute)
         if _size(args) > MAX_ELEMENTS:
             why.append("a recorded call is too large to embed")
             continue
@@ -312,6 +316,21 @@ def base_calls(
             seen.add(sig)
             found.append(BaseCall(args, call.test_file, call=call))
     return _diverse(found), why
+
+
+def _required_tensors(cand: Candidate, refs) -> set[int]:
+    """Positions of the exposed function's parameters that must be tensors (`at::Tensor`,
+    `const torch::Tensor &`; not an optional one), which no call may fill with None."""
+    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    item = refs.definition(exposed)
+    sig = refs.signature(item) if item is not None else None
+    if sig is None:
+        return set()
+    return {
+        i
+        for i, (typ, _) in enumerate(sig.params)
+        if re.search(r"\bTensor\b", typ) and not re.search(r"optional|\*", typ)
+    }
 
 
 def binding_variants(base: list[BaseCall], cand: Candidate, refs) -> list[BaseCall]:

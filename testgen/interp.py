@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 
-from testgen.argmap import plain_name
+from testgen.argmap import plain_name, split_top
 
 _LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
 _NUMBER_SUFFIX = re.compile(r"(?<=[\d.])[fFlLuU]+\b")
@@ -270,8 +270,19 @@ def run_statements(body: str, env: dict, until: int | None = None) -> dict:
 
 def _normalizes(name: str, expr: str, env: dict) -> bool:
     """`x = f(x, ...)` through a function we cannot read (pytorch_scatter's
-    `index = broadcast(index, src, dim)`): x keeps its value. Both the label and the reference
-    get the same arguments whatever f would have done, so a wrong guess shows as a failing case,
-    never as a false pass."""
-    m = re.fullmatch(r"\s*[A-Za-z_][\w:]*\s*\(\s*([A-Za-z_]\w*)\s*[,)].*", expr, re.DOTALL)
-    return bool(m and m.group(1) == name and name in env)
+    `index = broadcast(index, src, dim)`): x keeps its value where f can only have left it as
+    it is, that is when every other tensor f is given has x's shape. An `index` of [4, 1, 8, 8]
+    beside a `src` of [4, 3, 8, 8] is expanded by f: kept as it was, it made a case that read
+    past the index on the GPU (a correct kernel blamed), so x becomes unknown instead."""
+    m = re.fullmatch(r"\s*([A-Za-z_][\w:]*)\s*\((.*)\)\s*", expr, re.DOTALL)
+    if not m or name not in env:
+        return False
+    args = [a.strip() for a in split_top(m.group(2))]
+    if not args or args[0] != name:
+        return False
+    shape = getattr(env[name], "shape", None)
+    for other in args[1:]:
+        other_shape = getattr(env.get(other), "shape", None)
+        if other_shape is not None and (shape is None or tuple(other_shape) != tuple(shape)):
+            return False
+    return True

@@ -75,3 +75,22 @@ def test_a_forward_whose_output_cannot_be_read_gives_no_backward_calls(tmp_path)
     recorded = {"twice_forward": [RecordedCall("twice_forward", [torch.randn(5, 3)])]}
     why = backward_calls("twice_backward", recorded, refs)
     assert isinstance(why, str) and "cannot be read" in why
+
+
+def test_a_call_that_passes_none_for_a_tensor_is_no_case(tmp_path):
+    """pytorch_sparse's ptr2ind was recorded with `ptr` None (made from a result the recording
+    could not compute): the launcher takes `const at::Tensor &`, so that call is no case."""
+    from testgen.cases import base_calls
+
+    _, refs = _repo(tmp_path)
+    cand = SimpleNamespace(
+        wrapper=SimpleNamespace(
+            op_map={"chain": ["pool_forward_cuda", "pool_forward"], "python_name": "pool_forward"},
+            functions=["pool_forward_cuda"],
+            launcher="pool_forward_cuda",
+        )
+    )
+    good = RecordedCall("pool_forward", [torch.randn(3, 8), 2])
+    found, why = base_calls(cand, [RecordedCall("pool_forward", [None, 2]), good], refs)
+    assert [b.args[1] for b in found] == [2] and torch.equal(found[0].args[0], good.args[0])
+    assert why == ["a recorded call passes None where the launcher takes a tensor"]

@@ -342,7 +342,9 @@ def test_ternary_and_normalizing_reassignment():
 }"""
     out = run_statements(body, env, body.index("auto result"))
     assert out["dim"] == 1  # the ternary, as C++ reads it
-    assert out["index"] is index  # `x = f(x, ...)`: kept
+    assert out["index"] is index  # `x = f(x, ...)` beside tensors of x's shape: kept
+    narrow = {**env, "index": torch.zeros(2, 1, dtype=torch.long)}  # f would expand it
+    assert "index" not in run_statements(body, narrow, body.index("auto result"))
     assert "other" not in out  # anything else unknown stays unknown
     assert evaluate('"min"', out) == "min"
     assert evaluate("a ? b : c", {"a": 0, "b": 1, "c": 2}) == 2
