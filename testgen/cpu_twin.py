@@ -163,38 +163,36 @@ def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | No
         return final
 
 
-def _snapshot_key(repo: Path, exts: list[Extension]) -> str:
-    """The C/C++ sources and headers of the repository, the extensions and this code."""
-    h = hashlib.sha256(json.dumps([e.__dict__ for e in exts], default=list).encode())
+def _snapshot_key(repo: Path, wanted: set[str] | None) -> str:
+    """What decides the build: the repository's setup.py files and C/C++ sources and headers,
+    the ops at hand, this code and the torch it builds against."""
+    h = hashlib.sha256(json.dumps(sorted(wanted) if wanted is not None else None).encode())
     h.update(Path(__file__).read_bytes() + toolchain.torch_version().encode())
     for path in sorted(repo.rglob("*")):
-        if path.suffix in (*CXX_SOURCES, ".h", ".hpp", ".hh", ".cuh", ".inl") and path.is_file():
+        kept = path.suffix in (*CXX_SOURCES, ".h", ".hpp", ".hh", ".cuh", ".inl")
+        if (kept or path.name == "setup.py") and path.is_file() and ".git" not in path.parts:
             h.update(path.relative_to(repo).as_posix().encode() + path.read_bytes())
     return h.hexdigest()[:16]
 
 
 def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: int = 2) -> dict:
     """Import name → built module for the extensions whose C++ names one of `wanted` (the ops at
-    hand; every extension when None), at most MAX_SOURCES sources in all (cached)."""
-    exts = capture(repo)
-    if wanted is not None:
-        words = {w for w in wanted if w}
-        exts = [e for e in exts if any(_mentions(repo / s, words) for s in e.sources)]
-    chosen, total = [], 0
-    for ext in exts:
-        if total + len(ext.sources) <= MAX_SOURCES:
-            chosen.append(ext)
-            total += len(ext.sources)
-        else:
-            log.info("cpu twin %s: left out (over %d sources in all)", ext.name, MAX_SOURCES)
-    if not chosen:
-        return {}
-    folder = cache_dir / _snapshot_key(repo, chosen)
+    hand; every extension when None), at most MAX_SOURCES sources in all. Cached by snapshot:
+    a rerun neither runs setup.py nor compiles."""
+    wanted = {w for w in wanted if w} if wanted is not None else None
+    folder = cache_dir / _snapshot_key(repo, wanted)
     index = folder / "index.json"
     if index.is_file():
         return {k: Path(v) for k, v in json.loads(index.read_text()).items()}
-    built = {}
-    for ext in chosen:
+    exts = capture(repo)
+    if wanted is not None:
+        exts = [e for e in exts if any(_mentions(repo / s, wanted) for s in e.sources)]
+    built, total = {}, 0
+    for ext in exts:
+        if total + len(ext.sources) > MAX_SOURCES:
+            log.info("cpu twin %s: left out (over %d sources in all)", ext.name, MAX_SOURCES)
+            continue
+        total += len(ext.sources)
         so = build(repo, ext, folder, jobs)
         if so is not None:
             built[ext.name] = so

@@ -97,3 +97,17 @@ def test_a_script_finds_the_helper_beside_it_after_pytest_stubbed_it(built):
     recorded = record_repo_calls(repo, root / "script", built=modules)
     shapes = [tuple(c.args[0].shape) for c in recorded["pool_forward"]]
     assert (5, 6) in shapes
+
+
+@pytest.mark.slow
+def test_a_rerun_on_the_same_snapshot_neither_runs_setup_py_nor_compiles(built, monkeypatch):
+    import testgen.cpu_twin as cpu_twin
+
+    repo, modules, root = built
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("setup.py run or a source compiled again")
+
+    monkeypatch.setattr(cpu_twin, "capture", refuse)
+    monkeypatch.setattr(cpu_twin, "build", refuse)
+    assert cpu_extensions(repo, root / "cpu_twin", {"pool_forward"}) == modules

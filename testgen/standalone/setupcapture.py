@@ -9,7 +9,7 @@ With `--cuda`, CUDA is pretended (`torch.cuda.is_available()`, `CUDA_HOME`, `FOR
 scripts that refuse to describe anything without it.
 
 Usage (what `testgen.cpu_twin.capture` runs): python setupcapture.py REPO OUT.json [--cuda]
-Standard library and torch only.
+Standard library and torch only (and its sibling recorder.py, for the repository's view).
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import shutil
 import sys
-import tempfile
+
+try:  # beside this script in the sandbox; as kminer's modules when imported (tests)
+    from testgen.standalone.recorder import _repository_view
+except ImportError:
+    from recorder import _repository_view
 
 
 class _SetupCalled(Exception):
@@ -87,24 +90,20 @@ def _relative(path: str, view: str, repo: str) -> str | None:
 def main(argv: list[str]) -> int:
     repo, out = os.path.realpath(argv[0]), argv[1]
     cuda = "--cuda" in argv[2:]
-    view = tempfile.mkdtemp(prefix="kminer-setup-")
-    for entry in os.listdir(repo):  # setup.py may write beside itself: into the view
-        if entry != ".git":
-            os.symlink(os.path.join(repo, entry), os.path.join(view, entry))
-    os.chdir(view)
-    sys.path.insert(0, view)
-    sys.argv = [os.path.join(view, "setup.py"), "build_ext"]
     found = _patch(cuda)
-    try:
-        runpy.run_path(os.path.join(view, "setup.py"), run_name="__main__")
-    except _SetupCalled:
-        pass
-    except BaseException as exc:  # whatever it described before failing counts
-        print(f"kminer-setup: setup.py stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-    for ext in found:
-        ext["sources"] = [p for s in ext["sources"] if (p := _relative(s, view, repo))]
-        ext["include_dirs"] = [p for d in ext["include_dirs"] if (p := _relative(d, view, repo))]
-    shutil.rmtree(view, ignore_errors=True)
+    with _repository_view(repo) as view:  # setup.py may write beside itself: into the view
+        sys.path.insert(0, view)
+        sys.argv = [os.path.join(view, "setup.py"), "build_ext"]
+        try:
+            runpy.run_path(os.path.join(view, "setup.py"), run_name="__main__")
+        except _SetupCalled:
+            pass
+        except BaseException as exc:  # whatever it described before failing counts
+            print(f"kminer-setup: setup.py stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        for ext in found:
+            ext["sources"] = [p for s in ext["sources"] if (p := _relative(s, view, repo))]
+            dirs = ext["include_dirs"]
+            ext["include_dirs"] = [p for d in dirs if (p := _relative(d, view, repo))]
     with open(out, "w", encoding="utf-8") as f:
         json.dump(found, f)
     print(f"kminer-setup: {len(found)} extensions")
