@@ -174,7 +174,8 @@ def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | 
     merges every path to the launcher (im2col is reached from both `dcn_v2_cuda_forward` and
     `dcn_v2_cuda_backward`), so its order can step from the forward into the backward; the
     path kept is the first one, in the chain's order, on which each function mentions the next.
-    None when there is none (a callee reached through `K::apply` is not mentioned)."""
+    A caller that runs `K::apply(...)` (a C++ autograd Function) mentions what K's methods do.
+    None when there is none."""
     if not steps:
         return None
     names = list(dict.fromkeys(n for step in steps for n in step))
@@ -187,6 +188,8 @@ def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | 
         item = refs.definition(path[-1])
         body = refs.body(item) if item is not None else ""
         body = body[max(body.find("{"), 0) :]
+        for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
+            body += _class_body(refs, klass) or ""
         for name in reversed(names):
             if name not in path and re.search(rf"(?<![\w.]){re.escape(name)}\b", body):
                 stack.append([*path, name])
@@ -257,8 +260,9 @@ def _through_apply(refs, body: str, callee: str, env: dict) -> tuple[str | None,
         params = params[1:]  # the AutogradContext
         if len(params) != len(apply_args):
             continue
+        here = run_statements(body, env, _call_at(body, f"{klass}::apply"))
         try:
-            return k_body, {p: evaluate(a, env) for p, a in zip(params, apply_args, strict=True)}
+            return k_body, {p: evaluate(a, here) for p, a in zip(params, apply_args, strict=True)}
         except Unmappable:
             continue
     return None, env

@@ -174,6 +174,13 @@ def _python_reference(cand, refs, recorded, python_fn, function, label_text, wor
     return ref, [c for c in recorded.get(python_fn, []) if pairing.covers(to_host(c) or [])]
 
 
+def public_names(cand: Candidate) -> list[str]:
+    """The repository's bindings that reach this launcher (several ops may share one:
+    spmm_sum, spmm_mean, ... all call spmm_fw); empty when none is known."""
+    op = cand.wrapper.op_map
+    return list(op.get("python_names") or ([op["python_name"]] if op.get("python_name") else []))
+
+
 def generate_for(
     cand: Candidate, refs, recorded: dict, workdir: Path, llm: ModelHelp | None = None
 ) -> None:
@@ -184,7 +191,8 @@ def generate_for(
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
-    calls = recorded.get(python_fn, []) if python_fn else [c for v in recorded.values() for c in v]
+    calls = [c for n in public_names(cand) for c in recorded.get(n, [])]
+    calls = calls if python_fn else [c for v in recorded.values() for c in v]
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     named = cand.kernel.name in label_text or bool(cand.kernel.from_macro)  # (a pasted name)
     if not named or "__global__" not in label_text:

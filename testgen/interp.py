@@ -28,8 +28,10 @@ _TENSOR_METHODS = ("size", "numel", "dim", "ndimension", "view", "reshape", "con
 _TENSOR_METHODS += ("zero_", "options", "clone")
 _STATEMENT = re.compile(
     r"(?<=[;{}])\s*(?:(?:const\s+)?(?:int|int64_t|int32_t|long|float|double|bool|auto|size_t"
-    r"|Tensor|at::Tensor|torch::Tensor)\s+)?([A-Za-z_]\w*)\s*=(?!=)\s*([^;]+);"
+    r"|Tensor|at::Tensor|torch::Tensor|(?:std|c10|at|torch)::optional\s*<[\w:\s]+>)\s+)?"
+    r"([A-Za-z_]\w*)\s*=(?!=)\s*([^;]+);"
 )
+_GUARDED = re.compile(r"\s*([A-Za-z_]\w*)\s*=(?!=)\s*([^;]+);")  # if (c) x = e;
 _LOOP = re.compile(r"\bfor\s*\(\s*(?:int|long|int64_t|auto|size_t)\s+([A-Za-z_]\w*)\s*=\s*([^;]+);")
 
 
@@ -134,6 +136,12 @@ def _value(node: ast.AST, env: dict):
             return target[index]
         raise Unmappable("subscript")
     call = isinstance(node, ast.Call) and not node.keywords
+    optional = call and isinstance(node.func, ast.Attribute) and not node.args
+    if optional and node.func.attr in ("has_value", "value"):  # std::optional<Tensor>
+        target = _value(node.func.value, env)
+        if node.func.attr == "has_value":
+            return target is not None
+        return target if target is not None else _raise("the value of an empty optional")
     if call and isinstance(node.func, ast.Attribute) and node.func.attr in _TENSOR_METHODS:
         return _method(node, env)
     if call and isinstance(node.func, ast.Name) and node.func.id.startswith("__kminer_"):
@@ -207,12 +215,16 @@ def _match(text: str, at: int, open_: str, close: str) -> int:
 
 
 def _branches(text: str) -> list[tuple[int, int, int, str, bool]]:
-    """(start, end, cond_at, condition, is_else) of every braced if / else block."""
+    """(start, end, cond_at, condition, is_else) of every braced if / else block, and of an
+    unbraced `if (c) x = e;` (its one assignment)."""
     out = []
     for m in re.finditer(r"\bif\s*\(", text):
         close = _match(text, m.end() - 1, "(", ")")
         brace = re.match(r"\s*\{", text[close:])
         if brace is None:
+            one = _GUARDED.match(text, close)
+            if one is not None:
+                out.append((close - 1, one.end(), m.start(), text[m.end() : close - 1], False))
             continue
         start = close + brace.end() - 1
         end = _match(text, start, "{", "}")
@@ -238,6 +250,10 @@ def run_statements(body: str, env: dict, until: int | None = None) -> dict:
     events += [(m.start(), m) for m in _LOOP.finditer(text, max(brace, 0))]
     events += [(m.start(), m) for m in _VECTOR.finditer(text, max(brace, 0))]
     branches = _branches(text)
+    for start, end, *_ in branches:
+        one = _GUARDED.match(text, start + 1)
+        if one is not None and one.end() == end:
+            events.append((one.start() + 1, one))
     decided: dict[int, bool | None] = {}
     for at, m in sorted(events, key=lambda e: e[0]):
         taken, unsure = True, False

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from miner.candidate import Candidate, Reason, StageName, Status
 from miner.stage import Done, RunContext, Stage
 from testgen.cpu_twin import cpu_extensions
-from testgen.generate import ModelHelp, generate_for
+from testgen.generate import ModelHelp, generate_for, public_names
 from testgen.inputs import record_repo_calls
 from testgen.reference import RepoRefs
 
@@ -43,8 +43,9 @@ class Testgen(Stage):
 
     def run(self, batch: list[Candidate], ctx: RunContext) -> Iterator[Done]:
         refs = RepoRefs(ctx.ensure_discovery())
-        wanted = {c.wrapper.op_map.get("python_name") for c in batch}
-        wanted = None if None in wanted or "" in wanted else wanted  # unknown binding: every file
+        names = [public_names(c) for c in batch]
+        # an unknown binding: every file
+        wanted = None if not all(names) else {n for each in names for n in each}
         with ctx.timed("cpu_twin"):
             built = cpu_extensions(ctx.src.root, ctx.workdir / "cpu_twin", wanted, ctx.cfg.jobs)
         with ctx.timed("record"):

@@ -74,6 +74,32 @@ def test_computed_launcher_argument_is_evaluated(refrepo):
     assert args[2] == 6  # shift_forward_cuda passes `by * 2`
 
 
+def test_ops_behind_autograd_functions_reach_their_launcher_through_apply(refrepo):
+    cand = candidate(refrepo, "pool_kernel")
+    op = cand.wrapper.op_map
+    # pool_cuda ← pool_fw ← PoolSum/PoolMax::forward ← pool_sum/pool_max (K::apply) ← .op(...)
+    assert set(op["python_names"]) == {"pool_sum", "pool_max"}
+    assert {"pool_fw", "pool_sum", "pool_max"} <= set(op["chain"])
+    mat, weight = torch.arange(4.0), torch.full((4,), 2.0)
+    args = carry_down(RecordedCall("pool_sum", [mat, weight]), cand, refrepo[3])
+    assert args[0] is mat and args[1] is weight and args[2] == "sum"  # `if (has_weight) o = w;`
+    args = carry_down(RecordedCall("pool_sum", [mat, None]), cand, refrepo[3])
+    assert args[0] is mat and args[1] is None
+    args = carry_down(RecordedCall("pool_max", [mat]), cand, refrepo[3])
+    assert args[0] is mat and args[1] is None and args[2] == "max"
+
+
+def test_optionals_and_unbraced_ifs_are_followed():
+    env = {"o": None, "x": torch.ones(2), "flag": True}
+    assert evaluate("o.has_value() ? o.value() : x", env) is env["x"]
+    assert evaluate("x.has_value()", env) is True
+    body = "{ std::optional<torch::Tensor> w = std::nullopt; if (flag) w = x; int k = 1; }"
+    assert run_statements(body, env)["w"] is env["x"]
+    assert run_statements(body, {**env, "flag": False})["w"] is None
+    with pytest.raises(Unmappable):
+        evaluate("o.value()", env)
+
+
 def test_call_that_does_not_fit_the_binding_is_unmappable(refrepo):
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     with pytest.raises(Unmappable, match="does not fit affine_forward"):

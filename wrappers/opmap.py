@@ -16,6 +16,8 @@ from miner.repo_model import Discovery
 
 _REGISTER = re.compile(r"\b(REGISTER_\w*IMPL\w*)\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _PYDEF = re.compile(r"\bm\.def\s*\(\s*\"(\w+)\"\s*,\s*&?\s*([\w:]+)")
+# torch::RegisterOperators().op("ns::name", &fn): the op is torch.ops.ns.name
+_REGOP = re.compile(r"\.op\s*\(\s*\"(?:\w+::)?(\w+)\"\s*,\s*&?\s*([\w:]+)")
 _TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
 
 
@@ -28,19 +30,38 @@ def _functions(disc: Discovery) -> dict[str, list[Item]]:
     return out
 
 
-def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
-    """Everything known about the op around `chain` (launcher first, exposed function last)."""
-    functions = _functions(disc)
+def _autograd_classes(disc: Discovery) -> dict[str, list[str]]:
+    """Callee → the C++ autograd Functions (`struct K : Function<K>`) whose methods call it.
+    Their `forward` is reached only through `K::apply(...)`, which names K, not the callee."""
+    out: dict[str, list[str]] = {}
+    for model in disc.models.values():
+        for item in model.items:
+            if item.kind == "type" and item.names and {"Function", "forward"} <= item.refs:
+                for ref in item.refs:
+                    out.setdefault(ref, []).append(item.names[0])
+    return out
+
+
+def _callers_up(chain: list[str], callers: dict[str, list[Item]], disc: Discovery) -> list[str]:
     names = list(dict.fromkeys(chain))
+    classes = _autograd_classes(disc)
     frontier = list(names)
-    for _ in range(3):  # callers further up: *_cuda wrappers, registries
+    for _ in range(4):  # callers further up: *_cuda wrappers, autograd Functions, registries
         nxt = []
         for name in frontier:
-            for caller in callers.get(name, []):
+            via = [c for klass in classes.get(name, []) for c in callers.get(klass, [])]
+            for caller in [*callers.get(name, []), *via]:
                 if caller.kind == "function" and caller.names and caller.names[0] not in names:
                     names.append(caller.names[0])
                     nxt.append(caller.names[0])
         frontier = nxt
+    return names
+
+
+def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
+    """Everything known about the op around `chain` (launcher first, exposed function last)."""
+    functions = _functions(disc)
+    names = _callers_up(chain, callers, disc)
     registrations = []
     bindings = {}
     for rel, model in disc.models.items():
@@ -52,6 +73,10 @@ def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) ->
         if "m.def" in code:  # names are string literals: read the text, not the blanked code
             bindings.update(
                 {m.group(2).split("::")[-1]: m.group(1) for m in _PYDEF.finditer(model.text)}
+            )
+        if ".op" in code:
+            bindings.update(
+                {m.group(2).split("::")[-1]: m.group(1) for m in _REGOP.finditer(model.text)}
             )
     result: dict = {"launcher": chain[0] if chain else "", "chain": names}
     for key, device, fn, rel in registrations:
@@ -80,6 +105,9 @@ def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) ->
         public += [
             bindings[c.names[0]] for c in callers.get(key, []) if c.names and c.names[0] in bindings
         ]
+    public = list(dict.fromkeys(public))
     if public:
         result["python_name"] = public[0]
+    if len(public) > 1:  # one launcher under several ops (spmm_sum, spmm_mean, ... → spmm_fw)
+        result["python_names"] = public
     return result
