@@ -42,12 +42,21 @@ class Extractor:
         (SparseConvNet's CUDA/*.cu inside cuda.cu), that source, whose earlier includes and
         typedefs the kernel's code relies on. None: the kernel's file is its own TU."""
         sites = self.disc.launches.get(id(kernel.kdef), [])
-        files = [s.file for s in sites if s.file.endswith(TU_SUFFIXES)]
+        return self.including_unit(kernel.file, [s.file for s in sites])
+
+    def including_unit(self, file: str, preferred: list[str] = ()) -> str | None:
+        """The first source (of `preferred`, then any) that compiles `file` by `#include`."""
+        files = [f for f in preferred if f.endswith(TU_SUFFIXES)]
         files += sorted(f for f in self.graph if f.endswith(TU_SUFFIXES))
         for f in dict.fromkeys(files):
-            if f != kernel.file and kernel.file in reachable(self.graph, f, self._reach):
+            if f != file and file in reachable(self.graph, f, self._reach):
                 return f
         return None
+
+    def context_linear(self, file: str):
+        """The linear view of the source that includes `file`, or None (see including_unit)."""
+        tu = self.including_unit(file)
+        return self.linearizer.linear(tu) if tu else None
 
     def extract(self, kernel: FoundKernel, header: str) -> Extracted:
         linear = self.linearizer.linear(kernel.file)

@@ -121,6 +121,15 @@ def test_functor_launch_from_another_translation_unit(opchain):
     assert "__global__ void shift_kernel" in text
 
 
+def test_launcher_compiled_inside_an_umbrella_gets_the_umbrellas_context(traps, traps_extractor):
+    # scale_part.cu is compiled only inside umbrella_cuda.cu, after types.h: its launcher's
+    # label needs `Int` and PART_THREADS from there, as the kernel's unit does
+    w = mine_wrapper(kernel(traps, "scale_part_kernel"), traps_extractor, LauncherIndex(traps))
+    assert w is not None and w.chain == ["scale_part_cuda"]
+    assert "typedef int Int;" in w.code and "#define PART_THREADS 128" in w.code
+    assert w.code.index("typedef int Int;") < w.code.index("torch::Tensor scale_part_cuda(")
+
+
 def test_op_map_follows_the_registry_to_the_cpu_twin(opchain):
     disc, _, index = opchain
     m = op_map(disc, ["SquareForwardCUDAKernelLauncher"], index.callers)

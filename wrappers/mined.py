@@ -242,10 +242,16 @@ def mine_wrapper(
             continue
         exposed, chain = found
         linear = extractor.linearizer.linear(exposed.file)
-        closure = compute_closure(exposed, linear)
+        # a file compiled only inside another source gets that source's earlier context
+        # (SparseConvNet's CUDA/*.cu and *.cpp see `using Int = int32_t;` from the includer)
+        closure = compute_closure(exposed, linear, extractor.context_linear(exposed.file))
         if not any(e.item is fk.kdef.item for e in closure.entries):
             # the launcher lives in another translation unit: link its closure in
-            other = compute_closure(launcher, extractor.linearizer.linear(launcher.file))
+            other = compute_closure(
+                launcher,
+                extractor.linearizer.linear(launcher.file),
+                extractor.context_linear(launcher.file),
+            )
             if not any(e.item is fk.kdef.item for e in other.entries):
                 continue
             closure.entries = _merge(closure, other.entries, exposed)
