@@ -30,6 +30,7 @@ from pathlib import Path
 
 from miner import sandbox, toolchain
 from testgen.standalone import SETUPCAPTURE
+from wrappers.opmap import TWINS
 
 log = logging.getLogger(__name__)
 CXX_SOURCES = (".cpp", ".cc", ".cxx", ".c")
@@ -185,8 +186,9 @@ def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: i
     if index.is_file():
         return {k: Path(v) for k, v in json.loads(index.read_text()).items()}
     exts = capture(repo)
-    if wanted is not None:
-        exts = [e for e in exts if any(_mentions(repo / s, wanted) for s in e.sources)]
+    if wanted is not None:  # an op the CPU build binds under its twin's name counts too
+        words = wanted | {w.replace(a, b) for w in wanted for a, b in TWINS if a in w}
+        exts = [e for e in exts if any(_mentions(repo / s, words) for s in e.sources)]
     built, total = {}, 0
     for ext in exts:
         if total + len(ext.sources) > MAX_SOURCES:

@@ -37,10 +37,10 @@ from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
+from wrappers.opmap import TWINS
 from wrappers.signature import Signature, parse_signature
 
 _REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
-_TWINS = (("_cuda", "_cpu"), ("Cuda", "Cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("cuda", "cpu"))
 _CPU_WORD = re.compile(r"cpu|CPU|Cpu")
 _STEM = re.compile(r"_?(?:cuda|cpu|gpu)", re.IGNORECASE)
 _GPU_DIR = re.compile(r"(^|/)(cuda|gpu)(/|$)|\.cuh?$")
@@ -214,7 +214,7 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
                     return found
     for path in paths:  # 3. a twin with the same parameters
         name = path[-1].names[0]
-        for a, b in _TWINS:
+        for a, b in TWINS:
             twin = name.replace(a, b)
             if twin == name or (twin not in refs.defs and twin not in refs.decls):
                 continue
@@ -247,7 +247,7 @@ def _only_raises(definition: str) -> bool:
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
-    return any(n.replace(a, b) == cpu for n in names for a, b in _TWINS)
+    return any(n.replace(a, b) == cpu for n in names for a, b in TWINS)
 
 
 def cpu_closure(refs: RepoRefs, item: Item) -> Closure:

@@ -111,3 +111,32 @@ def test_a_rerun_on_the_same_snapshot_neither_runs_setup_py_nor_compiles(built, 
     monkeypatch.setattr(cpu_twin, "capture", refuse)
     monkeypatch.setattr(cpu_twin, "build", refuse)
     assert cpu_extensions(repo, root / "cpu_twin", {"pool_forward"}) == modules
+
+
+@pytest.mark.slow
+def test_a_cuda_named_op_runs_its_cpu_twin_the_cpu_build_binds(tmp_path):
+    """torchsparse: on CUDA tensors the package calls `hash_cuda`; its setup.py builds for the
+    CPU only `hash_cpu` (same arguments). The CPU build is made for `double_cuda` too, and the
+    recorder runs `double_cpu` in its place, so the next call gets a real result."""
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "setup.py").write_text(
+        "from setuptools import setup\n"
+        "from torch.utils.cpp_extension import CppExtension\n"
+        "setup(name='mini', ext_modules=[CppExtension('mini_ext', ['mini.cpp'])])\n"
+    )
+    (repo / "mini.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "torch::Tensor double_cpu(torch::Tensor x) { return x * 2; }\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("double_cpu", &double_cpu); }\n'
+    )
+    (repo / "tests" / "test_mini.py").write_text(
+        "import torch\nimport mini_ext\n\n"
+        "def test_twice():\n"
+        "    y = mini_ext.double_cuda(torch.arange(4.0, device='cuda'))\n"
+        "    mini_ext.double_cuda(y + 1)\n"
+    )
+    modules = cpu_extensions(repo, tmp_path / "cpu_twin", {"double_cuda"})
+    assert set(modules) == {"mini_ext"}
+    calls = record_repo_calls(repo, tmp_path / "recorded", built=modules)["double_cuda"]
+    assert [c.args[0].tolist() for c in calls] == [[0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0]]

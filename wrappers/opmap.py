@@ -18,7 +18,7 @@ _REGISTER = re.compile(r"\b(REGISTER_\w*IMPL\w*)\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*
 _PYDEF = re.compile(r"\bm\.def\s*\(\s*\"(\w+)\"\s*,\s*&?\s*([\w:]+)")
 # torch::RegisterOperators().op("ns::name", &fn): the op is torch.ops.ns.name
 _REGOP = re.compile(r"\.op\s*\(\s*\"(?:\w+::)?(\w+)\"\s*,\s*&?\s*([\w:]+)")
-_TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
+TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
 
 
 def _functions(disc: Discovery) -> dict[str, list[Item]]:
@@ -90,7 +90,7 @@ def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) ->
     cpu = [(fn, rel) for k, dev, fn, rel in registrations if key and k == key and dev == "CPU"]
     if not cpu:
         for name in names:
-            for a, b in _TWINS:
+            for a, b in TWINS:
                 twin = name.replace(a, b)
                 if twin != name and twin in functions:
                     cpu.append((twin, functions[twin][0].file))

@@ -153,7 +153,7 @@ class _Recorder(types.ModuleType):
             if real is None:
                 return None
             try:
-                result = getattr(real, attr)(*args, **kwargs)
+                result = _cpu_side(real, attr)(*args, **kwargs)
             except Exception:
                 return None
             if any(_tagged(a) for a in (*args, *kwargs.values())):
@@ -162,6 +162,21 @@ class _Recorder(types.ModuleType):
 
         record.__name__ = attr
         return record
+
+
+_TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
+
+
+def _cpu_side(real, attr: str):
+    """The built module's function for `attr`; for a CUDA-named function the CPU build never
+    binds (torchsparse: the package calls `hash_cuda` on CUDA tensors, the CPU build binds only
+    `hash_cpu` with the same arguments), its CPU twin by name."""
+    if hasattr(real, attr):
+        return getattr(real, attr)
+    for cuda, cpu in _TWINS:
+        if cuda in attr and hasattr(real, attr.replace(cuda, cpu)):
+            return getattr(real, attr.replace(cuda, cpu))
+    return getattr(real, attr)
 
 
 def _load_built(name: str, path: str):
