@@ -63,6 +63,9 @@ class Reason(StrEnum):
     CRASH = "crash"
     TIMEOUT = "timeout"
     WEAK_TEST = "weak_test"  # the test passed a deliberately wrong kernel
+    # every differing case gave another result when the label or the reference ran again on
+    # the same input: no case can judge the kernel (never called a mismatch)
+    NONDETERMINISTIC = "nondeterministic"
     NO_GPU = "no_gpu"
     # any stage: a bug of kminer's on this candidate (the traceback is in the run's log); the
     # result is not keyed, so the next run tries again

@@ -38,6 +38,7 @@ REASONS = {
     "timeout": Reason.TIMEOUT,
     "no_reference": Reason.NO_REFERENCE,
     "weak_test": Reason.WEAK_TEST,
+    "nondeterministic": Reason.NONDETERMINISTIC,
     "internal_error": Reason.INTERNAL_ERROR,
 }
 README = """kminer verification bundle: {count} candidates.

@@ -272,18 +272,25 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
     generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
-    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good, bad, noisy = (tmp_path / f"{n}.cpp" for n in ("good", "bad", "noisy"))
     good.write_text(CPU_AFFINE % "")
     bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
-    outcomes = {impl.stem: _run_generated(tmp_path, cand, impl) for impl in (good, bad)}
+    # another last element on every call (a race, a random start): no case can judge it
+    noisy.write_text(CPU_AFFINE % " + (k == n - 1 ? ((++calls) % 2 ? 1.0 : -1.0) : 0)")
+    noisy.write_text(noisy.read_text().replace("void Affine", "static int calls = 0;\nvoid Affine"))
+    impls = (good, bad, noisy)
+    outcomes = {impl.stem: _run_generated(tmp_path, cand, impl) for impl in impls}
     code, rep = outcomes["good"]
     assert code == 0 and rep["outcome"] == "pass", rep
     assert len(rep["cases"]) == cand.tests.num_cases
     assert all(c["ok"] and c["max_abs"] < 1e-4 for c in rep["cases"])
     assert {c["dtype"] for c in rep["cases"]} == {"float32", "float64"}
     code, rep = outcomes["bad"]
-    assert code != 0 and rep["outcome"] == "mismatch"
+    assert code != 0 and rep["outcome"] == "mismatch"  # a wrong kernel repeats itself
     assert any(not c["ok"] and c["max_abs"] >= 5e-4 for c in rep["cases"])
+    code, rep = outcomes["noisy"]
+    assert code != 0 and rep["outcome"] == "nondeterministic", rep
+    assert all(c["ok"] is None and "run again" in c["note"] for c in rep["cases"])
 
 
 MODE_LABEL = """#include <torch/extension.h>
