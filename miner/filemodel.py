@@ -7,6 +7,7 @@ and the names a span uses come from one regex over the comment-free text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from miner.textprep import IDENT, LineIndex
@@ -128,5 +129,13 @@ class FileModel:
     lines: LineIndex | None = None
 
 
+# `std::optional`, `std::chrono::seconds`: names the standard library defines, never the
+# repository's own (a vendored header-only library defines `optional` and `nullopt` too)
+_STD_QUALIFIED = re.compile(r"\bstd\s*::\s*(?:[A-Za-z_]\w*\s*::\s*)*[A-Za-z_]\w*")
+
+
 def refs_in(code: str, start: int, end: int) -> frozenset[str]:
-    return frozenset(IDENT.findall(code, start, end)) - CPP_KEYWORDS
+    text = code[start:end]
+    if "std" in text:
+        text = _STD_QUALIFIED.sub(" std ", text)
+    return frozenset(IDENT.findall(text)) - CPP_KEYWORDS
