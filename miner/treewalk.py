@@ -388,6 +388,9 @@ class _Walker:
             keys = (
                 set(refs_in(self.m.code, start, sig_end)) if name.startswith("operator") else set()
             )
+            # an operator is wanted by the types it takes, never by its parameters' names: a
+            # vendored `operator==(const optional<T>& a, nullopt_t b)` is not what `b` means
+            keys -= self.parameter_names(declarator) | {tp["name"] for tp in template_params}
             item.keys = tuple(sorted(keys | ({owner} if owner else set())))
         if kind == "kernel":
             self.kernel(node, fn, declarator, item, ns, template_params, quals, explicit)
@@ -477,6 +480,19 @@ class _Walker:
         if scope.type == "template_type":
             scope = scope.child_by_field_name("name")
         return self.txt(scope).split("::")[-1]
+
+    def parameter_names(self, declarator: ts.Node | None) -> set[str]:
+        """The names a function declarator gives its parameters."""
+        node = declarator
+        while node is not None and node.type != "function_declarator":
+            node = node.child_by_field_name("declarator")
+        params = node.child_by_field_name("parameters") if node is not None else None
+        names = set()
+        for p in params.named_children if params is not None else []:
+            d = p.child_by_field_name("declarator")
+            if d is not None:
+                names.add(self.declarator_name(d))
+        return names
 
     def declarator_name(self, node: ts.Node | None) -> str:
         while node is not None:

@@ -43,7 +43,10 @@ class Testgen(Stage):
 
     def run(self, batch: list[Candidate], ctx: RunContext) -> Iterator[Done]:
         refs = RepoRefs(ctx.ensure_discovery())
-        names = [public_names(c) for c in batch]
+        # the ops of every candidate of the repository, not only this batch's: a rerun of one
+        # kernel (--filter) records with the same modules behind it (spmm needs ind2ptr's result)
+        everyone = ctx.store.candidates(ctx.repo_id or None) if ctx.repo_id else batch
+        names = [public_names(c) for c in [*everyone, *batch] if c.wrapper.label_path]
         # an unknown binding: every file
         wanted = None if not all(names) else {n for each in names for n in each}
         with ctx.timed("cpu_twin"):

@@ -111,7 +111,8 @@ def test_names_never_resolve_outside_the_include_closure(tmp_path):
 def test_a_standard_library_name_never_resolves_to_a_vendored_definition(tmp_path):
     """`std::optional` / `std::max` are the standard library's: a header-only library vendored
     in the repository (pytorch_sparse's parallel-hashmap) defines `optional`, `nullopt` and
-    `max` of its own, and pulling those in (and what they need) broke the unit."""
+    `max` of its own, and pulling those in (and what they need) broke the unit. Its operators
+    are wanted by their parameters' types, not by their parameters' names."""
     from miner.discover import discover
     from miner.extract import Extractor
 
@@ -120,10 +121,12 @@ def test_a_standard_library_name_never_resolves_to_a_vendored_definition(tmp_pat
         "template <class T> class optional { T v; };\n"
         "template <class T> __host__ __device__ T max(T a, T b) { return a < b ? b : a; }\n}\n"
         "__device__ float relu(float x) { return max(x, 0.f); }\n"
+        "struct Thing { int v; };\n"
+        "inline bool operator==(const Thing& a, const Thing& b) { return a.v == b.v; }\n"
     )
     (tmp_path / "k.cu").write_text(
         '#include <optional>\n#include "vendored.h"\n'
-        "__global__ void k(float* x) { x[0] = std::max(x[0], 0.f); }\n"
+        "__global__ void k(float* x) { int b = 1; x[b] = std::max(x[0], 0.f); }\n"
         "__global__ void own(float* x) { x[0] = relu(x[0]); }\n"
         "void host(std::optional<float> o) { if (o == std::nullopt) return; }\n"
     )
@@ -131,6 +134,7 @@ def test_a_standard_library_name_never_resolves_to_a_vendored_definition(tmp_pat
     ex = Extractor(disc)
     text = ex.extract(kernel(disc, "k"), "t").unit.text
     assert "class optional" not in text and "T max(T a, T b)" not in text
+    assert "operator==" not in text  # wanted by a Thing, not by a variable named `b`
     own = ex.extract(kernel(disc, "own"), "t").unit.text  # unqualified: the repository's own
     assert "T max(T a, T b)" in own and "float relu(float x)" in own
 

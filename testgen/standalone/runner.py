@@ -71,7 +71,8 @@ except ImportError:  # in a bundle: beside run.py
     import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
-OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "internal_error")  # the last: a bug of this runner
+OUTCOMES += ("no_reference", "weak_test", "nondeterministic")
+OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
 CUDA_ERROR = re.compile(
