@@ -258,3 +258,77 @@ def test_a_launch_written_in_a_macro_is_launched_by_the_functions_that_invoke_it
     w = mine_wrapper(kernel(disc, "k"), Extractor(disc), LauncherIndex(disc))
     assert w is not None and w.chain == ["k_f", "k_forward"]
     assert "#define FOO(NTX)" in w.code and "void k_f(" in w.code
+
+
+POINTER_LAUNCHER = """#include <cstdint>
+using Int = int32_t;
+using Rules = std::vector<std::vector<Int>>;
+template <typename T>
+__global__ void pool_fp(T *in, T *out, Int n, const Int *rules, bool average) {
+  Int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = average ? in[rules[i]] / 2 : in[rules[i]];
+}
+template <typename T>
+void pool_ForwardPass(T *in, T *out, Int n, const Int *rules, bool average, Rules unused) {
+  pool_fp<T><<<(n + 127) / 128, 128>>>(in, out, n, rules, average);
+}
+struct Metadata { Int size; };
+template <typename T> void cuda_pool(Metadata &m, T *in, T *out, const Int *rules) {
+  pool_ForwardPass<T>(in, out, m.size, rules, false, {});
+}
+template void cuda_pool<float>(Metadata &, float *, float *, const Int *);
+"""
+
+
+def _pointer_launcher_label(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
+    disc = discover(tmp_path)
+    return mine_wrapper(kernel(disc, "pool_fp"), Extractor(disc), LauncherIndex(disc))
+
+
+def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
+    """No caller takes what pybind can pass (a Metadata &): the launcher itself is bound, each
+    pointer a tensor's data, each number (an alias of int32_t) a Python int, the template
+    instantiated for the first T* tensor's dtype."""
+    w = _pointer_launcher_label(tmp_path)
+    assert w is not None and w.chain == ["pool_ForwardPass"]
+    (fn,) = w.functions()
+    assert fn.name == "kminer_pool_ForwardPass"
+    assert (
+        "void kminer_pool_ForwardPass(at::Tensor in, at::Tensor out, int64_t n, at::Tensor rules, "
+        "bool average, std::vector<std::vector<int32_t>> unused)" in w.code
+    )
+    assert "AT_DISPATCH_FLOATING_TYPES(in.scalar_type()" in w.code
+    assert (
+        "pool_ForwardPass<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), "
+        "static_cast<Int>(n), rules.data_ptr<Int>()" in w.code
+    )
+    assert "struct Metadata" not in w.code  # the unbindable caller stays out
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_the_adapted_label_builds(tmp_path):
+    from wrappers.build import build_batch
+
+    w = _pointer_launcher_label(tmp_path)
+    label = render_label(
+        cand_id="t",
+        kernel="pool_fp",
+        strategy="mined",
+        launcher=w.chain[-1],
+        repo_url="r",
+        commit="c" * 40,
+        file="pool.cu",
+        line=4,
+        license="MIT",
+        includes=w.includes,
+        device_code=w.code,
+        host_code="",
+        functions=w.functions(),
+    )
+    result = build_batch([("adapted", label.text)])["adapted"]
+    assert result.ok, result.detail

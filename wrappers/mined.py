@@ -20,6 +20,7 @@ from miner.filemodel import Item
 from miner.linearize import Entry
 from miner.repo_model import Discovery, FoundKernel
 from miner.unit import render_host_code
+from wrappers.adapter import adapt
 from wrappers.label import Exposed
 from wrappers.signature import Signature, bindable, parse_signature
 
@@ -262,4 +263,26 @@ def mine_wrapper(
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
         return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
+    return _adapted(fk, extractor, index)
+
+
+def _adapted(fk: FoundKernel, extractor: Extractor, index: LauncherIndex) -> MinedWrapper | None:
+    """The launcher itself behind kminer's pointer adapter (wrappers.adapter), when no caller
+    up the chain can be bound but the launcher takes only pointers to numbers and numbers."""
+    for launcher in launcher_candidates(fk, extractor.disc, index):
+        sig = index.signature(launcher)
+        if sig is None or launcher.kind != "function":
+            continue
+        linear = extractor.linearizer.linear(launcher.file)
+        closure = compute_closure(launcher, linear, extractor.context_linear(launcher.file))
+        if not any(e.item is fk.kdef.item for e in closure.entries):
+            continue
+        _link_declared(closure, extractor, launcher)
+        includes, code = render_host_code(closure, extractor.disc.models)
+        made = adapt(sig, code)
+        if made is None:
+            continue
+        adapter_sig, adapter_code = made
+        chain = [launcher.names[0]]
+        return MinedWrapper(launcher, [adapter_sig], includes, f"{code}\n{adapter_code}", chain)
     return None

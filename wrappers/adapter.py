@@ -1,0 +1,110 @@
+"""A launcher that takes raw device pointers, bound through a small adapter of kminer's.
+
+Older extensions launch from functions such as SparseConvNet's
+`template <typename T> void ActivePooling_ForwardPass(T *in, T *out, Int batchSize, ...,
+const Int *rules, bool average)`, whose callers take the library's own structures (a
+`Metadata<Dimension> &`) that pybind cannot pass. The launcher itself is the op's device half,
+and it is what the label keeps: the adapter takes a tensor for each pointer (its `data_ptr`),
+a Python number for each scalar, and instantiates a template launcher for the floating dtype
+of its first `T *` tensor (AT_DISPATCH_FLOATING_TYPES). The repository's code is unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+
+from wrappers.signature import Signature, bindable_type
+
+_INTEGRAL = frozenset(
+    "int int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t long short unsigned "
+    "size_t char long long unsigned int unsigned long".split()
+)
+_FLOATING = frozenset({"float", "double"})
+_ALIAS = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}]+?)\s*;|\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
+_TYPENAMES = re.compile(r"(?:typename|class)\s+(\w+)")
+
+
+def aliases(code: str) -> dict[str, str]:
+    """`using Int = int32_t;` and `typedef int Int;` of the label's code: name → type."""
+    out = {}
+    for m in _ALIAS.finditer(code):
+        name, target = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        out[name] = " ".join(target.split())
+    return out
+
+
+def _resolved(core: str, names: dict[str, str]) -> str:
+    """The type with its aliases replaced (`RuleBook`: `std::vector<std::vector<int32_t>>`)."""
+    for _ in range(4):
+        new = re.sub(r"[A-Za-z_]\w*", lambda m: names.get(m.group(0), m.group(0)), core)
+        if new == core:
+            break
+        core = new
+    return core
+
+
+def _arith(core: str, names: dict[str, str]) -> str:
+    """ "int", "float", "bool" or "" for what a type (through aliases) is."""
+    core = _resolved(core, names).replace("std::", "")
+    if core == "bool":
+        return "bool"
+    if core in _FLOATING:
+        return "float"
+    words = core.split()
+    return "int" if words and all(w in _INTEGRAL for w in words) else ""
+
+
+def adapt(sig: Signature, code: str) -> tuple[Signature, str] | None:
+    """The adapter's signature and text for launcher `sig`, or None when a parameter is
+    neither a pointer to numbers nor a number (a struct, a reference, a pointer to pointer)."""
+    typenames = _TYPENAMES.findall(sig.template)
+    if sig.template and (len(typenames) != 1 or "," in sig.template):
+        return None  # only `template <typename T>`: one dtype to dispatch on
+    if sig.returns != "void":
+        return None
+    names = aliases(code)
+    params, call, dispatch = [], [], ""
+    for i, (ptype, pname) in enumerate(sig.params):
+        name = pname or f"arg{i}"
+        core = " ".join(re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", ptype).split())
+        if core.endswith("*") and core.count("*") == 1:
+            base = core[:-1].strip()
+            if typenames and base == typenames[0]:
+                elem, dispatch = "scalar_t", dispatch or name
+            elif _arith(base, names):
+                elem = base
+            else:
+                return None
+            params.append(("at::Tensor", name))
+            call.append(f"{name}.data_ptr<{elem}>()")
+            continue
+        if "*" in core or "&" in core:
+            return None
+        kind = "float" if typenames and core == typenames[0] else _arith(core, names)
+        if not kind and bindable_type(_resolved(core, names)):  # a vector of numbers, a string
+            params.append((_resolved(core, names), name))
+            call.append(name)
+            continue
+        if not kind:
+            return None
+        host = {"bool": "bool", "float": "double", "int": "int64_t"}[kind]
+        params.append((host, name))
+        target = "scalar_t" if typenames and core == typenames[0] else core
+        call.append(f"static_cast<{target}>({name})")
+    if typenames and not dispatch:
+        return None
+    adapter = f"kminer_{sig.name}"
+    decl = ", ".join(f"{t} {n}" for t, n in params)
+    args = ", ".join(call)
+    if typenames:
+        body = (
+            f'  AT_DISPATCH_FLOATING_TYPES({dispatch}.scalar_type(), "{sig.name}", [&] {{\n'
+            f"    {sig.qualified}<scalar_t>({args});\n  }});\n"
+        )
+    else:
+        body = f"  {sig.qualified}({args});\n"
+    text = (
+        f"// kminer adapter: {sig.name} takes device pointers; each is a tensor's data here\n"
+        f"void {adapter}({decl}) {{\n{body}}}\n"
+    )
+    return Signature(adapter, adapter, "void", params), text
