@@ -280,13 +280,13 @@ template void cuda_pool<float>(Metadata &, float *, float *, const Int *);
 """
 
 
-def _pointer_launcher_label(tmp_path):
+def _pointer_launcher_label(tmp_path, dtypes=()):
     from miner.discover import discover
     from miner.extract import Extractor
 
     (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
     disc = discover(tmp_path)
-    return mine_wrapper(kernel(disc, "pool_fp"), Extractor(disc), LauncherIndex(disc))
+    return mine_wrapper(kernel(disc, "pool_fp"), Extractor(disc), LauncherIndex(disc), dtypes)
 
 
 def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
@@ -301,12 +301,16 @@ def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
         "void kminer_pool_ForwardPass(at::Tensor in, at::Tensor out, int64_t n, at::Tensor rules, "
         "bool average, std::vector<std::vector<int32_t>> unused)" in w.code
     )
-    assert "AT_DISPATCH_FLOATING_TYPES(in.scalar_type()" in w.code
+    assert "if (in.scalar_type() == at::kDouble) {\n    using scalar_t = double;" in w.code
     assert (
         "pool_ForwardPass<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), "
         "static_cast<Int>(n), rules.data_ptr<Int>()" in w.code
     )
     assert "struct Metadata" not in w.code  # the unbindable caller stays out
+    # a unit that compiled for float only (double asked too much shared memory): float only
+    only = _pointer_launcher_label(tmp_path, ("float", "half"))
+    assert "at::kFloat" in only.code and "at::kDouble" not in only.code
+    assert 'TORCH_CHECK(false, "pool_ForwardPass: float only")' in only.code
 
 
 @needs_nvcc

@@ -6,7 +6,7 @@ const Int *rules, bool average)`, whose callers take the library's own structure
 `Metadata<Dimension> &`) that pybind cannot pass. The launcher itself is the op's device half,
 and it is what the label keeps: the adapter takes a tensor for each pointer (its `data_ptr`),
 a Python number for each scalar, and instantiates a template launcher for the floating dtype
-of its first `T *` tensor (AT_DISPATCH_FLOATING_TYPES). The repository's code is unchanged.
+of its first `T *` tensor (those its unit compiled with). The repository's code is unchanged.
 """
 
 from __future__ import annotations
@@ -54,9 +54,16 @@ def _arith(core: str, names: dict[str, str]) -> str:
     return "int" if words and all(w in _INTEGRAL for w in words) else ""
 
 
-def adapt(sig: Signature, code: str) -> tuple[Signature, str] | None:
+_SCALAR_TYPES = {"float": "at::kFloat", "double": "at::kDouble"}
+
+
+def adapt(
+    sig: Signature, code: str, dtypes: tuple[str, ...] = ("float", "double")
+) -> tuple[Signature, str] | None:
     """The adapter's signature and text for launcher `sig`, or None when a parameter is
-    neither a pointer to numbers nor a number (a struct, a reference, a pointer to pointer)."""
+    neither a pointer to numbers nor a number (a struct, a reference, a pointer to pointer).
+    A template launcher is instantiated only for `dtypes` that its unit compiled with
+    (SparseConvNet's double convolution asks for more shared memory than a block has)."""
     typenames = _TYPENAMES.findall(sig.template)
     if sig.template and (len(typenames) != 1 or "," in sig.template):
         return None  # only `template <typename T>`: one dtype to dispatch on
@@ -96,11 +103,18 @@ def adapt(sig: Signature, code: str) -> tuple[Signature, str] | None:
     adapter = f"kminer_{sig.name}"
     decl = ", ".join(f"{t} {n}" for t, n in params)
     args = ", ".join(call)
+    floating = [t for t in dtypes if t in _SCALAR_TYPES]
+    if typenames and not floating:
+        return None
     if typenames:
-        body = (
-            f'  AT_DISPATCH_FLOATING_TYPES({dispatch}.scalar_type(), "{sig.name}", [&] {{\n'
-            f"    {sig.qualified}<scalar_t>({args});\n  }});\n"
+        branches = "".join(
+            f"  if ({dispatch}.scalar_type() == {_SCALAR_TYPES[t]}) {{\n"
+            f"    using scalar_t = {t};\n    {sig.qualified}<scalar_t>({args});\n"
+            "    return;\n  }\n"
+            for t in floating
         )
+        only = " or ".join(floating)
+        body = f'{branches}  TORCH_CHECK(false, "{sig.name}: {only} only");\n'
     else:
         body = f"  {sig.qualified}({args});\n"
     text = (

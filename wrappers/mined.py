@@ -234,8 +234,9 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
 
 
 def mine_wrapper(
-    fk: FoundKernel, extractor: Extractor, index: LauncherIndex
+    fk: FoundKernel, extractor: Extractor, index: LauncherIndex, dtypes: tuple[str, ...] = ()
 ) -> MinedWrapper | None:
+    """`dtypes`: what the kernel's unit compiled with (an adapter instantiates only those)."""
     disc = extractor.disc
     for launcher in launcher_candidates(fk, disc, index):
         found = exposed_for(launcher, index)
@@ -263,10 +264,12 @@ def mine_wrapper(
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
         return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
-    return _adapted(fk, extractor, index)
+    return _adapted(fk, extractor, index, dtypes or ("float", "double"))
 
 
-def _adapted(fk: FoundKernel, extractor: Extractor, index: LauncherIndex) -> MinedWrapper | None:
+def _adapted(
+    fk: FoundKernel, extractor: Extractor, index: LauncherIndex, dtypes: tuple[str, ...]
+) -> MinedWrapper | None:
     """The launcher itself behind kminer's pointer adapter (wrappers.adapter), when no caller
     up the chain can be bound but the launcher takes only pointers to numbers and numbers."""
     for launcher in launcher_candidates(fk, extractor.disc, index):
@@ -279,7 +282,7 @@ def _adapted(fk: FoundKernel, extractor: Extractor, index: LauncherIndex) -> Min
             continue
         _link_declared(closure, extractor, launcher)
         includes, code = render_host_code(closure, extractor.disc.models)
-        made = adapt(sig, code)
+        made = adapt(sig, code, dtypes)
         if made is None:
             continue
         adapter_sig, adapter_code = made

@@ -99,7 +99,8 @@ def _label_facts(cand: Candidate) -> dict:
 
 def _mined_label(ctx: RunContext, cand: Candidate, extractor, index) -> Label | None:
     """The repository's own launcher, or the nearest caller pybind can bind."""
-    mined = mine_wrapper(ctx.found[cand.id], extractor, index)
+    compiled = tuple(cand.unit.compiled_types or ())
+    mined = mine_wrapper(ctx.found[cand.id], extractor, index, compiled)
     if mined is None:
         return None
     cand.wrapper.launcher = mined.chain[0]
