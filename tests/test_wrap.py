@@ -277,6 +277,18 @@ template <typename T> void cuda_pool(Metadata &m, T *in, T *out, const Int *rule
   pool_ForwardPass<T>(in, out, m.size, rules, false, {});
 }
 template void cuda_pool<float>(Metadata &, float *, float *, const Int *);
+#define EACH_RULE(X, Y) { for (int k = 0; k < 2; ++k) { X } }
+template <typename T>
+__global__ void unpool_fp(T *in, T *out, Int n) {
+  Int i = threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+template <typename T>
+void unpool_ForwardPass(T *in, T *out, Int n) {
+  EACH_RULE((unpool_fp<T><<<1, 32>>>(in, out, n));
+            , )
+}
+template <typename T> void cuda_unpool(Metadata &m, T *in) { unpool_ForwardPass<T>(in, in, 2); }
 """
 
 
@@ -311,6 +323,19 @@ def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
     only = _pointer_launcher_label(tmp_path, ("float", "half"))
     assert "at::kFloat" in only.code and "at::kDouble" not in only.code
     assert 'TORCH_CHECK(false, "pool_ForwardPass: float only")' in only.code
+
+
+def test_a_launcher_the_grammar_reads_as_a_declaration_is_still_a_launcher(tmp_path):
+    """A body holding a macro call without its semicolon (SparseConvNet's RULEBOOKITERATOR)
+    makes tree-sitter read the whole function as a declaration: it is still the launcher."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
+    disc = discover(tmp_path)
+    w = mine_wrapper(kernel(disc, "unpool_fp"), Extractor(disc), LauncherIndex(disc))
+    assert w is not None and w.chain == ["unpool_ForwardPass"]
+    assert "void kminer_unpool_ForwardPass(at::Tensor in, at::Tensor out, int64_t n)" in w.code
 
 
 @needs_nvcc

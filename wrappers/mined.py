@@ -66,7 +66,9 @@ class LauncherIndex:
             return None
         best = None
         for item in model.items:
-            if item.kind not in ("function", "type", "macro_use") or item.device:
+            if item.device or not (
+                item.kind in ("function", "type", "macro_use") or _defines(model, item)
+            ):
                 continue
             first, last = item.line, model.lines.line(max(item.start, item.end - 1))
             if first <= line <= last and (best is None or item.start > best.start):
@@ -74,7 +76,8 @@ class LauncherIndex:
         return best
 
     def signature(self, item: Item) -> Signature | None:
-        if item.kind != "function" or not item.names:
+        model = self.disc.models.get(item.file)
+        if not item.names or not (item.kind == "function" or _defines(model, item)):
             return None
         code = self.disc.models[item.file].code[item.start : item.end]
         sig = parse_signature(code, item.names[0], item.namespace)
@@ -98,6 +101,17 @@ class LauncherIndex:
                 ):
                     return args
         return ""
+
+
+def _defines(model, item: Item) -> bool:
+    """A `decl` that is a function definition the grammar could not read as one: a body
+    holding a macro call without its semicolon (SparseConvNet's `RULEBOOKITERATOR((k<<<...>>>
+    (...)); , )`) turns `void f(...) {...}` into a declaration spanning the whole body."""
+    if model is None or item.kind != "decl" or len(item.names) != 1:
+        return False
+    text = model.code[item.start : item.end]
+    head = text.split("{", 1)[0]
+    return "{" in text and text.rstrip().endswith("}") and re.search(r"\)\s*$", head) is not None
 
 
 def _is_enum(model, item: Item) -> bool:
@@ -274,7 +288,7 @@ def _adapted(
     up the chain can be bound but the launcher takes only pointers to numbers and numbers."""
     for launcher in launcher_candidates(fk, extractor.disc, index):
         sig = index.signature(launcher)
-        if sig is None or launcher.kind != "function":
+        if sig is None:
             continue
         linear = extractor.linearizer.linear(launcher.file)
         closure = compute_closure(launcher, linear, extractor.context_linear(launcher.file))
