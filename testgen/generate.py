@@ -191,8 +191,8 @@ def generate_for(
     found = find_reference(cand, Path(refs.disc.root), workdir, refs)
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
-    calls = [c for n in public_names(cand) for c in recorded.get(n, [])]
-    calls = calls if python_fn else [c for v in recorded.values() for c in v]
+    names = public_names(cand) or list(recorded)
+    calls = [c for n in names for c in recorded.get(n, [])]
     label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     named = cand.kernel.name in label_text or bool(cand.kernel.from_macro)  # (a pasted name)
     if not named or "__global__" not in label_text:

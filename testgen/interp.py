@@ -214,10 +214,10 @@ def _match(text: str, at: int, open_: str, close: str) -> int:
     return len(text)
 
 
-def _branches(text: str) -> list[tuple[int, int, int, str, bool]]:
-    """(start, end, cond_at, condition, is_else) of every braced if / else block, and of an
-    unbraced `if (c) x = e;` (its one assignment)."""
-    out = []
+def _branches(text: str) -> tuple[list[tuple[int, int, int, str, bool]], list[tuple]]:
+    """(start, end, cond_at, condition, is_else) of every braced if / else block and of every
+    unbraced `if (c) x = e;`, and the (offset, match) of each such unbraced assignment."""
+    out, guarded = [], []
     for m in re.finditer(r"\bif\s*\(", text):
         close = _match(text, m.end() - 1, "(", ")")
         brace = re.match(r"\s*\{", text[close:])
@@ -225,6 +225,7 @@ def _branches(text: str) -> list[tuple[int, int, int, str, bool]]:
             one = _GUARDED.match(text, close)
             if one is not None:
                 out.append((close - 1, one.end(), m.start(), text[m.end() : close - 1], False))
+                guarded.append((close, one))
             continue
         start = close + brace.end() - 1
         end = _match(text, start, "{", "}")
@@ -234,7 +235,7 @@ def _branches(text: str) -> list[tuple[int, int, int, str, bool]]:
         if other is not None:
             e_start = end + other.end() - 1
             out.append((e_start, _match(text, e_start, "{", "}"), m.start(), cond, True))
-    return out
+    return out, guarded
 
 
 def run_statements(body: str, env: dict, until: int | None = None) -> dict:
@@ -249,11 +250,8 @@ def run_statements(body: str, env: dict, until: int | None = None) -> dict:
     events = [(m.start(), m) for m in _STATEMENT.finditer(text, max(brace, 0))]
     events += [(m.start(), m) for m in _LOOP.finditer(text, max(brace, 0))]
     events += [(m.start(), m) for m in _VECTOR.finditer(text, max(brace, 0))]
-    branches = _branches(text)
-    for start, end, *_ in branches:
-        one = _GUARDED.match(text, start + 1)
-        if one is not None and one.end() == end:
-            events.append((one.start() + 1, one))
+    branches, guarded = _branches(text)
+    events += guarded
     decided: dict[int, bool | None] = {}
     for at, m in sorted(events, key=lambda e: e[0]):
         taken, unsure = True, False

@@ -45,7 +45,7 @@ class Testgen(Stage):
         refs = RepoRefs(ctx.ensure_discovery())
         # the ops of every candidate of the repository, not only this batch's: a rerun of one
         # kernel (--filter) records with the same modules behind it (spmm needs ind2ptr's result)
-        everyone = ctx.store.candidates(ctx.repo_id or None) if ctx.repo_id else batch
+        everyone = ctx.store.candidates(ctx.repo_id) if ctx.repo_id else []
         names = [public_names(c) for c in [*everyone, *batch] if c.wrapper.label_path]
         # an unknown binding: every file
         wanted = None if not all(names) else {n for each in names for n in each}

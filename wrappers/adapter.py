@@ -88,8 +88,9 @@ def adapt(
         if "*" in core or "&" in core:
             return None
         kind = "float" if typenames and core == typenames[0] else _arith(core, names)
-        if not kind and bindable_type(_resolved(core, names)):  # a vector of numbers, a string
-            params.append((_resolved(core, names), name))
+        resolved = _resolved(core, names)
+        if not kind and bindable_type(resolved):  # a vector of numbers, a string
+            params.append((resolved, name))
             call.append(name)
             continue
         if not kind:

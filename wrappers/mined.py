@@ -79,7 +79,7 @@ class LauncherIndex:
         model = self.disc.models.get(item.file)
         if not item.names or not (item.kind == "function" or _defines(model, item)):
             return None
-        code = self.disc.models[item.file].code[item.start : item.end]
+        code = model.code[item.start : item.end]
         sig = parse_signature(code, item.names[0], item.namespace)
         if sig is not None and sig.template:
             sig.template_args = self.instantiation(item.names[0])
@@ -247,6 +247,17 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
             closure.externals += [x for x in other.externals if x not in closure.externals]
 
 
+def _closure(item: Item, extractor: Extractor) -> Closure:
+    """What `item` needs from its file; a file compiled only inside another source gets that
+    source's earlier context (SparseConvNet's CUDA/*.cu see `using Int = int32_t;` there)."""
+    linear = extractor.linearizer.linear(item.file)
+    return compute_closure(item, linear, extractor.context_linear(item.file))
+
+
+def _holds(closure: Closure, fk: FoundKernel) -> bool:
+    return any(e.item is fk.kdef.item for e in closure.entries)
+
+
 def mine_wrapper(
     fk: FoundKernel, extractor: Extractor, index: LauncherIndex, dtypes: tuple[str, ...] = ()
 ) -> MinedWrapper | None:
@@ -257,18 +268,11 @@ def mine_wrapper(
         if found is None:
             continue
         exposed, chain = found
-        linear = extractor.linearizer.linear(exposed.file)
-        # a file compiled only inside another source gets that source's earlier context
-        # (SparseConvNet's CUDA/*.cu and *.cpp see `using Int = int32_t;` from the includer)
-        closure = compute_closure(exposed, linear, extractor.context_linear(exposed.file))
-        if not any(e.item is fk.kdef.item for e in closure.entries):
+        closure = _closure(exposed, extractor)
+        if not _holds(closure, fk):
             # the launcher lives in another translation unit: link its closure in
-            other = compute_closure(
-                launcher,
-                extractor.linearizer.linear(launcher.file),
-                extractor.context_linear(launcher.file),
-            )
-            if not any(e.item is fk.kdef.item for e in other.entries):
+            other = _closure(launcher, extractor)
+            if not _holds(other, fk):
                 continue
             closure.entries = _merge(closure, other.entries, exposed)
             closure.externals = closure.externals + [
@@ -290,9 +294,8 @@ def _adapted(
         sig = index.signature(launcher)
         if sig is None:
             continue
-        linear = extractor.linearizer.linear(launcher.file)
-        closure = compute_closure(launcher, linear, extractor.context_linear(launcher.file))
-        if not any(e.item is fk.kdef.item for e in closure.entries):
+        closure = _closure(launcher, extractor)
+        if not _holds(closure, fk):
             continue
         _link_declared(closure, extractor, launcher)
         includes, code = render_host_code(closure, extractor.disc.models)

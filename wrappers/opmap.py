@@ -32,13 +32,17 @@ def _functions(disc: Discovery) -> dict[str, list[Item]]:
 
 def _autograd_classes(disc: Discovery) -> dict[str, list[str]]:
     """Callee → the C++ autograd Functions (`struct K : Function<K>`) whose methods call it.
-    Their `forward` is reached only through `K::apply(...)`, which names K, not the callee."""
-    out: dict[str, list[str]] = {}
-    for model in disc.models.values():
-        for item in model.items:
-            if item.kind == "type" and item.names and {"Function", "forward"} <= item.refs:
-                for ref in item.refs:
-                    out.setdefault(ref, []).append(item.names[0])
+    Their `forward` is reached only through `K::apply(...)`, which names K, not the callee.
+    Read once per discovery (op_map runs for every candidate)."""
+    out = getattr(disc, "_autograd_classes", None)
+    if out is None:
+        out = {}
+        for model in disc.models.values():
+            for item in model.items:
+                if item.kind == "type" and item.names and {"Function", "forward"} <= item.refs:
+                    for ref in item.refs:
+                        out.setdefault(ref, []).append(item.names[0])
+        disc._autograd_classes = out  # type: ignore[attr-defined]
     return out
 
 

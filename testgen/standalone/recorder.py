@@ -164,6 +164,7 @@ class _Recorder(types.ModuleType):
         return record
 
 
+# wrappers.opmap.TWINS (this file travels alone, so it keeps its own copy)
 _TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
 
 
