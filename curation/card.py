@@ -27,7 +27,7 @@ DATA_FILES = "data/train-*.parquet"
 TAGS = ["cuda", "gpu-kernels", "code", "pytorch", "kernel-generation", "kminer"]
 FIELDS = ("repo", "commit", "license", "strategy", "reference_kind", "kill_rate", "verification",
           "gpu", "toolchain", "kernel_time_us", "description_source", "curator",
-          "kminer_version")  # fmt: skip  # the row fields the card reads
+          "kminer_version", "level", "kernels")  # fmt: skip  # the row fields the card reads
 UNKNOWN = "unknown"
 
 
@@ -137,6 +137,11 @@ def _kills(rows: list[dict]) -> str:
     return said + (" (100 % of the wrong variants killed in every row)" if full == n else "")
 
 
+def _span(values) -> str:
+    values = sorted(values)
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]} to {values[-1]}"
+
+
 def statements(rows: list[dict]) -> dict[str, str]:
     """Every claim the card makes about the rows, each computed from their fields."""
     n = len(rows)
@@ -147,7 +152,18 @@ def statements(rows: list[dict]) -> dict[str, str]:
     model_refs = sum(r["reference_kind"] == "llm" for r in rows)
     undescribed = sum(not r["description_source"] for r in rows)
     chained = sum(bool(_toolchain(r)) for r in rows)
+    op_rows = [r for r in rows if r["level"] == "op"]
     return {
+        "levels": (
+            f"{_of(n - len(op_rows), n)} ask for one kernel (`level: kernel`)"
+            + (
+                f"; {len(op_rows)} ask for a whole op, a host function that launches "
+                f"{_span(len(r['kernels']) for r in op_rows)} kernels (`level: op`, the kernels "
+                "in `kernels`), judged by what the op returns"
+                if op_rows
+                else ""
+            )
+        ),
         "verified": _verified(n, passed),
         "accepted": (
             "Each row names the curator who accepted it (`curator`)"
@@ -203,7 +219,8 @@ def render(
     pretty_name: str = "kminer CUDA kernels",
 ) -> str:
     """The card's text for `rows` (their light fields) and the export `report`."""
-    by_repo = Counter(r["repo"] for r in rows)
+    by_repo = Counter(r["repo"] for r in rows if r["level"] != "op")
+    ops_by_repo = Counter(r["repo"] for r in rows if r["level"] == "op")
     by_source = Counter((r["repo"], r["commit"][:12], r["license"]) for r in rows)
     funnel = []
     for f in report["workdirs"]:
@@ -218,6 +235,7 @@ def render(
                 "passes": f.get("passes", 0),
                 "accepted": f["accepted"],
                 "exported": by_repo.get(name, 0),
+                "op_rows": ops_by_repo.get(name, 0),
             }
         )
     if len(funnel) > 1:

@@ -15,6 +15,7 @@ a symbolic link, nor over a file it did not write.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from curation import card, describe, licenses
+from curation import card, describe, licenses, ops
 from curation.decontam import DEFAULT_OVERLAP, Excluded
 from curation.dedup import CROSS_REPO_THRESHOLD, DEFAULT_THRESHOLD, find_duplicates
 from curation.export_out import (
@@ -38,7 +39,14 @@ from curation.export_out import (
     report_beside,
     write_shards,
 )
-from curation.instructions import effective, read_label
+from curation.instructions import (
+    Instructions,
+    derive_instruction,
+    effective,
+    function_of,
+    op_complete_text,
+    read_label,
+)
 from curation.reviews import Decision, Reviews
 from curation.rows import (
     GPU_PASS,
@@ -104,6 +112,7 @@ class _Pick:
     root: Path | None
     summary: dict  # id, kill_rate, num_cases, num_shapes: what dedup ranks by
     verification: tuple[str, str]  # (gpu_pass | override, why an override)
+    op: tuple[str, list[str]] = ("", [])  # (op key, its kernels) when the label holds several
 
 
 def _check_options(opts: Options) -> None:
@@ -162,6 +171,10 @@ def _picks(
             where = f"not in workdir {workdir.name}"
             drops.append(_drop(pick, Drop.MISSING_FILES, f"{where}: {', '.join(missing)}"))
         else:
+            label = read_label(workdir, cand)
+            names = ops.kernels(label)
+            if len(names) > 1:
+                pick.op = (ops.op_key(label), names)
             picks.append(pick)
     return picks
 
@@ -234,11 +247,45 @@ def _rows(picks: list[_Pick], model_text: dict[str, str], drops: list[dict], sec
             yield row
 
 
+def _op_groups(picks: list[_Pick]) -> list[list[_Pick]]:
+    """The kept candidates whose labels are one multi-kernel op, best tested first."""
+    groups: dict[tuple, list[_Pick]] = {}
+    for p in picks:
+        if p.op[0]:
+            groups.setdefault((str(p.workdir), p.op[0]), []).append(p)
+    rank = lambda p: (p.summary["kill_rate"] is None, -(p.summary["kill_rate"] or 0.0))  # noqa: E731
+    return [sorted(g, key=lambda p: (rank(p), -p.cand.tests.num_cases, p.cand.id))
+            for g in groups.values()]  # fmt: skip
+
+
+def _op_rows(groups: list[list[_Pick]], drops: list[dict], secrets: dict):
+    """One op-level row per multi-kernel op: the label and test of its best-tested kernel,
+    the instruction for the whole op, the lowest kill rate its kernels measured."""
+    for group in groups:
+        p = group[0]
+        label = read_label(p.workdir, p.cand)
+        names = p.op[1]
+        op_name = p.cand.wrapper.op_map.get("python_name") or function_of(p.cand)
+        complete = op_complete_text(p.cand, label, op_name)
+        inst = Instructions(derive_instruction(complete), complete, "", False)
+        row = build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst, op_kernels=names)
+        row["id"] = ops.op_id(p.repo_url, p.cand.provenance.commit, function_of(p.cand), names)
+        kills = [q.summary["kill_rate"] for q in group if q.summary["kill_rate"] is not None]
+        measured = [k for k in kills if k >= 0]  # an override's -1 is no measure
+        row["kill_rate"] = min(measured) if len(measured) == len(kills) and kills else None
+        why = secret_in(row, secrets)
+        if why:
+            drops.append(_drop(p, Drop.SECRET, f"{why}; fix it at the source, then export again"))
+        else:
+            yield row
+
+
 def _report(rows: list[dict], picks, drops, failures, opts: Options, funnels, secrets) -> dict:
     report = {
         "rows": len(rows),
         "accepted": len(picks) + sum(d["reason"] == Drop.MISSING_FILES for d in drops),
         "verification": dict(Counter(r["verification"] for r in rows)),
+        "levels": dict(Counter(r["level"] for r in rows)),
         "dropped": dict(Counter(d["reason"] for d in drops)),
         "drops": drops,
         "describe_failures": failures,
@@ -313,7 +360,9 @@ def export(opts: Options, progress: Callable[[str], None] = lambda _: None) -> d
             model_text |= {
                 i: a.get("description", "") for i, a in store.passed_attempts(describe.STEP).items()
             }
-        rows = _rows(kept, model_text, drops, secrets)
+        rows = itertools.chain(
+            _rows(kept, model_text, drops, secrets), _op_rows(_op_groups(kept), drops, secrets)
+        )
         report = _write(opts, rows, lambda light: _report(
             light, picks, drops, llm_failures, opts, funnels, secrets))  # fmt: skip
     finally:

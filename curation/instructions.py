@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from curation import ops
 from miner.candidate import Candidate, StageName
 from testgen.made_inputs import label_signature
 from testgen.testcode import TOLERANCES
 
+GIVEN = "## Given code"  # the section a derived instruction always keeps
 _POINTER = re.compile(r"\*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)", re.S)  # an unclosed /* ends it: linear
 _ARITHMETIC = re.compile(
@@ -76,9 +78,22 @@ def complete_text(cand: Candidate, label_text: str, description: Description) ->
     """The structured task, in markdown sections that `derive_instruction` reads back."""
     k, function = cand.kernel, function_of(cand)
     templates = {tp.name for tp in k.template_params if tp.kind == "type"}
+    others = [n for n in ops.kernels(label_text) if n != k.name] if label_text else []
+    given = ops.with_kernel_elided(label_text, k.name) if others else None
+    if given:  # one step of a multi-kernel op: the rest of the file is given
+        title = (
+            f"Write the body of the CUDA kernel `{k.name}`. The rest of the .cu file is given "
+            f"below: the host function `{function}` and the other kernels it launches "
+            f"({', '.join(f'`{n}`' for n in others)}). Return the whole file, with `{k.name}` "
+            "written, as one .cu file that torch.utils.cpp_extension builds."
+        )
+    else:
+        title = (
+            f"Write the CUDA kernel `{k.name}` and the host function `{function}` that launches "
+            "it, as one .cu file that torch.utils.cpp_extension builds."
+        )
     lines = [
-        f"Write the CUDA kernel `{k.name}` and the host function `{function}` that launches it, "
-        "as one .cu file that torch.utils.cpp_extension builds.",
+        title,
         "",
         "## What it computes",
         description.text.strip()
@@ -104,6 +119,47 @@ def complete_text(cand: Candidate, label_text: str, description: Description) ->
             f"Launched in the repository as `<<<{site.config}>>>`"
             + (f" from `{site.caller}`." if site.caller else ".")
         )
+    lines += _binding_and_constraints(cand, function, label_text)
+    if given:
+        lines += ["", GIVEN, "```cuda", given.rstrip(), "```"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def op_complete_text(cand: Candidate, label_text: str, op: str) -> str:
+    """The op-level task (curation.ops): the host function and every kernel it launches,
+    judged only by what the op returns. `cand` is the op's representative candidate."""
+    function, heads = function_of(cand), ops.heads(label_text)
+    ref = cand.reference
+    what = (
+        f"The op `{op}`. The test compares it with the repository's own "
+        + (
+            "CPU implementation"
+            if ref.kind == "cpp"
+            else "PyTorch reference"
+            if ref.kind == "python"
+            else "reference"
+        )
+        + (f" `{ref.function}`" if ref.function else "")
+        + ", which defines the result."
+    )
+    lines = [
+        f"Write the host function `{function}` and the CUDA kernels it launches, as one .cu "
+        "file that torch.utils.cpp_extension builds. The repository's implementation launches "
+        f"{len(heads)} kernels; yours may split the work differently.",
+        "",
+        "## What it computes",
+        what,
+        "",
+        "## Kernels",
+        "The repository's kernels, for orientation:",
+        *(f"- `{h}`" for h in heads.values()),
+    ]
+    lines += _binding_and_constraints(cand, function, label_text)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _binding_and_constraints(cand: Candidate, function: str, label_text: str) -> list[str]:
+    lines: list[str] = []
     sig = label_signature(function, label_text) if label_text else None
     lines += ["", "## Binding"]
     if sig is not None:
@@ -143,7 +199,7 @@ def complete_text(cand: Candidate, label_text: str, description: Description) ->
             f"- The test runs {cand.tests.num_cases} cases over {cand.tests.num_shapes} "
             "shapes, including sizes that are not a multiple of the block size."
         )
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 def _sections(text: str) -> tuple[str, dict[str, str]]:
@@ -177,7 +233,9 @@ def derive_instruction(complete: str) -> str:
     dtypes = re.search(r"^- dtypes: (.+)$", sections.get("Constraints", ""), re.M)
     if dtypes:
         out.append(f"It must support {dtypes.group(1)}.")
-    return " ".join(out)
+    short = " ".join(out)
+    given = sections.get(GIVEN.removeprefix("## "))
+    return f"{short}\n\n{given}" if given else short
 
 
 def _starts_verb(text: str) -> bool:

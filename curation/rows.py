@@ -35,6 +35,8 @@ FEATURES = Features(
         "reference_code": Value("string"),
         "reference_kind": Value("string"),
         "kernel_name": Value("string"),
+        "level": Value("string"),
+        "kernels": Sequence(Value("string")),
         "op": Value("string"),
         "filename": Value("string"),
         "repo": Value("string"),
@@ -73,7 +75,11 @@ DESCRIPTIONS = {  # the card's schema table
     "reference_code": "the CPU implementation the test compares with (also embedded in test_code)",
     "reference_kind": "cpp: the repository's CPU twin; python: its PyTorch ref; llm: written by "
     "a model and checked",
-    "kernel_name": "the __global__ function's name",
+    "kernel_name": "the __global__ function's name (an op row: the kernel it was cut with)",
+    "level": "kernel: the task is one kernel (when its host function launches others, the "
+    "rest of the file is given in the instruction); op: the host function and every kernel it "
+    "launches, judged by what the op returns (its kill rate is the lowest of its kernels')",
+    "kernels": "the kernels the row asks for",
     "op": "the operator the kernel belongs to (the repository's binding name)",
     "filename": "the name of the file the kernel is defined in",
     "repo": "the repository's URL",
@@ -249,7 +255,10 @@ def build_row(
     workdir: Path,
     label_text: str,
     inst: Instructions,
+    op_kernels: list[str] | None = None,
 ) -> dict:
+    """A kernel-level row, or with `op_kernels` the op-level row of the op whose label this is
+    (curation.ops: its id and kill rate are the caller's to set)."""
     verify = cand.stage(StageName.VERIFY)
     metrics = verify.metrics if verify else {}
     verified, _ = verification(cand, review)
@@ -268,6 +277,8 @@ def build_row(
         "reference_code": public(_text(workdir, cand.reference.path)),
         "reference_kind": cand.reference.kind,
         "kernel_name": k.name,
+        "level": "op" if op_kernels else "kernel",
+        "kernels": list(op_kernels or [k.name]),
         "op": cand.wrapper.op_map.get("python_name") or (cand.wrapper.functions or [""])[0],
         "filename": Path(k.file).name,
         "repo": repo_url,

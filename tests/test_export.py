@@ -237,10 +237,10 @@ def test_card_header_parses_and_its_numbers_match_the_rows(exported):
     assert head["task_categories"] == ["text-generation"]
     assert head["configs"][0]["data_files"] == [{"split": "train", "path": "data/train-*.parquet"}]
     assert [f["name"] for f in head["dataset_info"]["features"]] == list(FEATURES)
-    assert f"\n{len(rows)} CUDA kernels cut from 2 open-source repositories" in text
+    assert f"\n{len(rows)} CUDA tasks cut from 2 open-source repositories" in text
     assert "| https://example.org/alpha | 2 | " in text  # found, ... exported
     funnel = [ln.split("|") for ln in text.splitlines() if ln.startswith("| https://example.org/")]
-    exported_col = {cells[1].strip(): int(cells[8]) for cells in funnel if len(cells) == 10}
+    exported_col = {cells[1].strip(): int(cells[8]) for cells in funnel if len(cells) == 11}
     assert exported_col == {
         "https://example.org/alpha": 2,
         "https://example.org/beta": 1,
@@ -598,3 +598,92 @@ def test_the_card_states_only_what_the_rows_measured(tmp_path):
     text = (out / "README.md").read_text()
     assert "- Every row was verified on a GPU: the label of each of the 3 passed" in text
     assert "min 0.50, median 1.0;" in text and "100 %" not in text
+
+
+def op_label(cands: list, repo: Path) -> str:
+    """What the mined wrapper makes for each kernel of delta's scan: the whole host function
+    with both kernels (the same task text for both candidates, a header naming each)."""
+    source = (repo / "ops" / "scan.cu").read_text()
+    return (
+        "#include <torch/extension.h>\n// kminer-label-body-begin\n"
+        + source.split("#include <cuda_runtime.h>\n", 1)[1]
+        + '\nvoid kminer_bind(pybind11::module_& m) { m.def("prefix_sum", &prefix_sum); }\n'
+    )
+
+
+def test_a_multi_kernel_op_is_one_op_row_and_each_kernel_a_row_given_the_rest(tmp_path):
+    """delta's prefix_sum launches two kernels: their labels are the same op. The export makes
+    an op row for it (both kernels asked for, the lower kill rate) and keeps each kernel's row,
+    whose instruction gives the rest of the file with that kernel's body left to write."""
+    from datasets import load_dataset
+
+    from curation import ops
+
+    wd = tmp_path / "delta"
+    store = build_workdir(FIXTURES / "delta", wd)
+    cands = list(store.iter_candidates())
+    body = op_label(cands, FIXTURES / "delta")
+    for cand in cands:
+        (wd / cand.wrapper.label_path).write_text(f"// kminer label {cand.id}\n{body}")
+        cand.wrapper.functions = ["prefix_sum"]
+        store.save(cand)
+    store.close()
+    kills = {"block_sums_kernel": 1.0, "add_offsets_kernel": 0.75}
+    for name, kill in kills.items():
+        set_verify(wd, name, {"outcome": "pass", "kill_rate": kill, "gpu": "NVIDIA H100"})
+    out = tmp_path / "o"
+    done = kminer("export", "-w", str(wd), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "c1")).to_list()
+    assert sorted(r["level"] for r in rows) == ["kernel", "kernel", "op"]
+    (op,) = [r for r in rows if r["level"] == "op"]
+    assert op["kernels"] == ["block_sums_kernel", "add_offsets_kernel"]  # in the label's order
+    assert op["kill_rate"] == 0.75 and op["verification"] == "gpu_pass"
+    commit = cands[0].provenance.commit
+    names = op["kernels"]
+    assert op["id"] == ops.op_id(op["repo"], commit, "prefix_sum", names)
+    assert op["id"] not in {c.id for c in cands}
+    assert op["instruction"].startswith("Write the host function `prefix_sum` and the CUDA")
+    assert "launches 2 kernels" in op["instruction"]
+    for head in ("__global__ void block_sums_kernel(const float* x, float* block_sums, int n)",
+                 "__global__ void add_offsets_kernel(const float* x, const float* block_sums, "
+                 "float* y, int n)"):  # fmt: skip
+        assert f"- `{head}`" in op["instruction_complete"]
+    assert "## Given code" not in op["instruction_complete"]
+    for row in (r for r in rows if r["level"] == "kernel"):
+        (name,) = row["kernels"]
+        other = next(n for n in names if n != name)
+        assert row["kernel_name"] == name and row["kill_rate"] == kills[name]
+        assert row["instruction"].startswith(f"Write the body of the CUDA kernel `{name}`.")
+        assert f"other kernels it launches (`{other}`)" in row["instruction"]
+        given = row["instruction_complete"].split("## Given code\n", 1)[1]
+        assert row["instruction"].endswith(given.strip())  # the short one carries the code too
+        own = next(c for c in cands if c.kernel.name == name).kernel.source
+        theirs = next(c for c in cands if c.kernel.name == other).kernel.source
+        mine = given.split(f"void {name}(", 1)[1].split("\n}", 1)[0]
+        unique = [
+            ln for ln in own.split("{", 1)[1].splitlines() if ln.strip(" }") and ln not in theirs
+        ]
+        assert "// your code here" in mine and unique and not any(ln in given for ln in unique)
+        assert theirs.strip() in given  # the other kernel, verbatim
+        assert "void prefix_sum(" in given and row["label"].count("__global__") == 2
+    text = (out / "README.md").read_text()
+    assert card_line(text, "- 2 of 3 rows ask for one kernel").startswith(
+        "- 2 of 3 rows ask for one kernel (`level: kernel`); 1 ask for a whole op, a host "
+        "function that launches 2 kernels (`level: op`"
+    )
+    funnel = [ln.split("|") for ln in text.splitlines() if ln.startswith("| https://example.org/")]
+    assert [(int(c[8]), int(c[9])) for c in funnel if len(c) == 11] == [(2, 1)]
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["levels"] == {"kernel": 2, "op": 1}
+    # one kernel rejected: the op row stays (its label passed), measured by the one it has
+    store = Store.open(wd)
+    reviews = Reviews(store)
+    adder = next(c.id for c in store.iter_candidates() if c.kernel.name == "add_offsets_kernel")
+    reviews.write(adder, reviews.get(adder)["version"], "ann", "reject", decision=Decision.REJECTED)
+    store.close()
+    again = export(Options(workdirs=[wd], out=out))
+    rows = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "c2")).to_list()
+    assert again["levels"] == {"kernel": 1, "op": 1}
+    (op_again,) = [r for r in rows if r["level"] == "op"]
+    assert op_again["id"] == op["id"] and op_again["kill_rate"] == 1.0
