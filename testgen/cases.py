@@ -26,7 +26,13 @@ from miner.candidate import Candidate
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
-from testgen.resize import conv_resize, more_rows, row_subsets
+from testgen.resize import (
+    conv_resize,
+    more_rows,
+    more_segments,
+    row_subsets,
+    segment_subsets,
+)
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
 MAX_BASE_CALLS = 8
@@ -353,6 +359,7 @@ def binding_variants(base: list[BaseCall], cand: Candidate, refs) -> list[BaseCa
             continue
         args = [bound[p] for p in params]
         tries = [(f"the first {m} rows", a) for m, a in row_subsets(args, params)]
+        tries += [(f"the first {m} segments", a) for m, a in segment_subsets(args)]
         tries += conv_resize(args, params)
         for how, new in tries:
             if len(out) >= MAX_BINDING_CALLS:
@@ -502,16 +509,21 @@ def plan(
             out.base.append(b)
             add(f"binding_{k}_of_{b.rows_of}", len(out.base) - 1)
     for i, b in enumerate(base):
-        for m, args in row_subsets(b.args, names):
+        for m, args in row_subsets(b.args, names) + segment_subsets(b.args):
             if shape_key(args) in shapes or len(out.base) - len(base) >= MAX_ROW_CALLS:
                 continue
             shapes.add(shape_key(args))
             out.base.append(BaseCall(args, b.origin, rows_of=i, rows=m))
             add(f"rows{m}_of_{i}", len(out.base) - 1)
     largest = max(range(len(base)), key=lambda i: _size(base[i].args))
-    more = more_rows(base[largest].args, names, MAX_ELEMENTS // 2)
-    if more is not None:
-        m, args = more
+    more = [more_rows(base[largest].args, names, MAX_ELEMENTS // 2)]
+    if more[0] is None:  # segments of a CSR pointer; two sizes where there is nothing to vary
+        more = [more_segments(base[largest].args, MAX_ELEMENTS // 2)]
+        if more[0] is not None and _first_float(base[0].args) is None:
+            more.append(more_segments(base[largest].args, MAX_ELEMENTS // 2, at_least=1031))
+    for m, args in filter(None, more):
+        if shape_key(args) in shapes:
+            continue
         shapes.add(shape_key(args))
         out.base.append(BaseCall(args, base[largest].origin, rows_of=largest, rows=m, more=True))
         add(f"random_rows{m}_of_{largest}", len(out.base) - 1)

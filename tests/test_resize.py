@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from testgen.cases import BaseCall, plan, shape_key
-from testgen.resize import more_rows, row_subsets
+from testgen.resize import more_rows, more_segments, row_subsets, segment_subsets
 
 
 def test_nms_call_keeps_boxes_and_scores_together():
@@ -143,3 +143,62 @@ def test_a_large_call_also_gets_a_small_count_below_any_output_cap():
     subsets = dict(row_subsets(args, names))
     assert sorted(subsets) == [1, 13, 401]
     assert subsets[13][0].equal(points[:13]) and subsets[13][1] is voxels  # outputs keep the cap
+
+
+def _spmm(rowptr, col, value, mat):
+    """Sum-reduced CSR x dense, row by row: what pytorch_sparse's spmm computes."""
+    out = torch.zeros(rowptr.numel() - 1, mat.shape[1], dtype=mat.dtype)
+    for r in range(rowptr.numel() - 1):
+        for e in range(int(rowptr[r]), int(rowptr[r + 1])):
+            out[r] += value[e] * mat[col[e]]
+    return out
+
+
+def test_a_csr_call_is_cut_to_its_first_segments_and_stays_the_same_matrix_rows():
+    gen = torch.Generator().manual_seed(3)
+    rowptr = torch.tensor([0, 2, 3, 3, 6, 8])  # 5 rows, 8 entries, an empty row
+    col = torch.tensor([0, 6, 2, 1, 3, 5, 4, 6])
+    value = torch.randn(8, generator=gen)
+    mat = torch.randn(7, 4, generator=gen)  # indexed by col: never cut
+    full = _spmm(rowptr, col, value, mat)
+    cuts = segment_subsets([rowptr, col, value, mat, "sum"])
+    assert [m for m, _ in cuts] == [1, 3]
+    for m, (p, c, v, x, reduce) in cuts:
+        assert p.tolist() == rowptr[: m + 1].tolist() and c.numel() == v.numel() == int(p[-1])
+        assert x is mat and reduce == "sum"
+        assert torch.equal(_spmm(p, c, v, x), full[:m])  # the same rows of the same product
+    # the total count as an argument follows the cut (ptr2ind(rowptr, E))
+    assert [a[1] for _, a in segment_subsets([rowptr, 8])] == [2, 3]
+    sparse = torch.tensor([0, 0, 0, 2, 2, 3, 5, 6, 6])  # more rows than entries, empty rows
+    assert [(m, a[0].tolist(), a[1]) for m, a in segment_subsets([sparse, 6])] == [
+        (5, [0, 0, 0, 2, 2, 3], 3)
+    ]  # the first row holds no entry: no call of one row
+    # data with one row per segment may be the matrix the entries index: no cut
+    assert segment_subsets([rowptr, col, value, torch.randn(5, 4), "sum"]) == []
+    # an output buffer of one row per segment (all zero) is cut with them
+    (_, args), *_ = segment_subsets([rowptr, value, torch.zeros(5, 3)])
+    assert args[2].shape == (1, 3)
+    # no pointer: not from 0, decreasing, or not ending at another tensor's length
+    for ptr in ([1, 2, 3, 3, 6, 8], [0, 3, 2, 6, 8], [0, 2, 3, 3, 6, 9]):
+        assert segment_subsets([torch.tensor(ptr), col, value, mat]) == []
+
+
+def test_more_segments_are_recorded_segments_drawn_again():
+    gen = torch.Generator().manual_seed(5)
+    rowptr = torch.tensor([0, 2, 3, 3, 6, 8])
+    col = torch.tensor([0, 6, 2, 1, 3, 5, 4, 6])
+    value, mat = torch.randn(8, generator=gen), torch.randn(7, 4, generator=gen)
+    m, (p, c, v, x, reduce) = more_segments([rowptr, col, value, mat, "sum"])
+    assert m == 157 and p.numel() == m + 1 and p[0] == 0 and bool((p[1:] >= p[:-1]).all())
+    assert c.numel() == v.numel() == int(p[-1]) and x is mat and reduce == "sum"
+    assert torch.equal(p[:6], rowptr) and torch.equal(c[:8], col)  # the recorded ones first
+    pairs = {(int(a), float(b)) for a, b in zip(col, value, strict=True)}
+    for r in range(m):  # each new row is one recorded row, entries in their order
+        row = [(int(c[e]), float(v[e])) for e in range(int(p[r]), int(p[r + 1]))]
+        assert set(row) <= pairs and row in [
+            [(int(col[e]), float(value[e])) for e in range(int(rowptr[j]), int(rowptr[j + 1]))]
+            for j in range(5)
+        ]
+    (_, (p, count)) = more_segments([rowptr, 8])
+    assert count == int(p[-1])  # the count follows
+    assert more_segments([rowptr, col, value, torch.randn(5, 4), "sum"]) is None
