@@ -661,3 +661,36 @@ def test_a_label_revised_without_its_kernel_is_upstream_failed_not_a_crash(refre
     r = cand.stage(StageName.TESTGEN)
     assert (r.status, r.reason) == (Status.SKIPPED, Reason.UPSTREAM_FAILED)
     assert "compact_any_order_cuda_kernel" in r.detail
+
+
+def test_a_case_decided_by_tied_values_is_not_blamed_on_the_kernel(refrepo, tmp_path):
+    """mmcv's NMS keeps one of two boxes of the same score: the CPU sort and the GPU sort order
+    them differently. The rendered test breaks the ties both ways; a result that is the
+    reference's under one of them is not the kernel's fault, and any other result still is."""
+    import types
+
+    import torch
+
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    module = types.ModuleType("rendered")
+    module.__file__ = str(tmp_path / cand.tests.path)
+    exec(compile((tmp_path / cand.tests.path).read_text(), "rendered", "exec"), module.__dict__)
+
+    def keep_best(scores, boxes):  # an NMS in one line: the first best-scored box's index
+        return torch.tensor([int(torch.argmax(scores))]), boxes[int(torch.argmax(scores))]
+
+    reference = types.SimpleNamespace(reference=keep_best)
+    scores, boxes = torch.tensor([0.9, 0.9, 0.4, 0.3]), torch.arange(8.0).reshape(4, 2)
+    other_tie = [scores, boxes, torch.tensor([1]), boxes[1]]  # (the inputs are outputs too)
+    why = module._tie_broken([scores, boxes], other_tie, "float32", reference)
+    assert why.startswith("ties: equal values of argument 0")
+    wrong = [scores, boxes, torch.tensor([2]), boxes[2]]
+    assert module._tie_broken([scores, boxes], wrong, "float32", reference) == ""
+    distinct = torch.tensor([0.9, 0.8, 0.4, 0.3])  # no tie: no excuse
+    assert module._tie_broken([distinct, boxes], other_tie, "float32", reference) == ""
+    nudged = module._nudged(scores, 1e-4, later_first=True)
+    assert nudged.unique().numel() == 4 and nudged[1] > nudged[0]
+    assert nudged[2:].equal(scores[2:])  # values without an equal are left as they are
+    assert torch.allclose(nudged, scores, rtol=1e-5, atol=0)  # far below the tolerance
