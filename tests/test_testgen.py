@@ -694,3 +694,27 @@ def test_a_case_decided_by_tied_values_is_not_blamed_on_the_kernel(refrepo, tmp_
     assert nudged.unique().numel() == 4 and nudged[1] > nudged[0]
     assert nudged[2:].equal(scores[2:])  # values without an equal are left as they are
     assert torch.allclose(nudged, scores, rtol=1e-5, atol=0)  # far below the tolerance
+
+
+def test_a_half_case_does_not_judge_indices_picked_among_near_ties(refrepo, tmp_path):
+    """mmcv's chamfer distance in float16: the distances match, the argmin index differs where
+    two distances are equal at float16 resolution. Only a float16 case with every floating
+    output right is left out; any floating difference, or float32, still fails."""
+    import types
+
+    import torch
+
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    module = types.ModuleType("rendered")
+    module.__file__ = str(tmp_path / cand.tests.path)
+    exec(compile((tmp_path / cand.tests.path).read_text(), "rendered", "exec"), module.__dict__)
+    dist = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
+    want = [dist.float(), torch.tensor([0, 4, 2])]
+    got = [dist, torch.tensor([0, 5, 2])]
+    assert module._half_picks(got, want, "float16").startswith("float16 picks")
+    assert module._half_picks(got, want, "float32") == ""
+    far = [dist + 0.5, torch.tensor([0, 5, 2])]
+    assert module._half_picks(far, want, "float16") == ""
+    assert module._half_picks([dist.float()], [dist.float()], "float16") == ""  # no integers
