@@ -1,0 +1,89 @@
+"""Issue 17's table for one repository: what its kernels became, against the census.
+
+    python benchmarks/dev_rows.py --workdir W --census benchmarks/census/OWNER__NAME.csv [--json]
+
+Reads a workdir whose verify stage holds a GPU run (`kminer ingest`). A kernel passes when its
+test passed on the GPU with every kind of wrong variant killed and enough cases and shapes (the
+verify outcome is `weak_test` otherwise). The census's denominator is the kernels whose op has
+a CPU or pure-PyTorch implementation in the repository; a census kernel counts as passing when
+any candidate of it (a specialization) passed. Rows are counted as the export makes them: one
+kernel-level row per passing candidate, and one op-level row per label that holds several
+kernels (curation.ops) and passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def table(workdir: Path, census: Path) -> dict:
+    from curation import ops
+    from miner.candidate import StageName, Status
+    from miner.store import Store
+
+    store = Store.open(workdir)
+    try:
+        cands = list(store.iter_candidates())
+    finally:
+        store.close()
+
+    def outcome(c) -> str:
+        v = c.stage(StageName.VERIFY)
+        return (v.metrics.get("outcome") or v.status.value) if v else ""
+
+    built = [c for c in cands if (b := c.stage(StageName.BUILD)) and b.status == Status.OK]
+    passed = [c for c in cands if outcome(c) == "pass"]
+    op_keys = set()
+    for c in passed:
+        label = (workdir / c.wrapper.label_path).read_text(errors="replace")
+        if len(ops.kernels(label)) > 1:
+            op_keys.add(ops.op_key(label))
+    rows = list(csv.DictReader(census.open()))
+    with_ref = [r for r in rows if r["ref_level"]]
+    ok = {(c.kernel.file, c.kernel.name) for c in passed}
+    ref_pass = [r for r in with_ref if (r["file"], r["kernel"]) in ok]
+    tested = [c for c in cands if c.tests.path]
+    return {
+        "repository": cands[0].provenance.repo_url if cands else str(workdir),
+        "kernels": len(cands),
+        "launched": sum(c.launched for c in cands),
+        "labels_build": len(built),
+        "tests": len(tested),
+        "verified": sum(bool(outcome(c)) for c in cands),
+        "outcomes": dict(Counter(outcome(c) for c in tested if outcome(c))),
+        "census_with_reference": len(with_ref),
+        "census_passing": len(ref_pass),
+        "census_share": round(len(ref_pass) / len(with_ref), 3) if with_ref else None,
+        "census_missing": sorted(r["kernel"] for r in with_ref if r not in ref_pass),
+        "kernel_rows": len(passed),
+        "op_rows": len(op_keys),
+    }
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--census", type=Path, required=True)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    t = table(args.workdir, args.census)
+    if args.json:
+        print(json.dumps(t))
+        return 0
+    launched = f"{t['labels_build']}/{t['launched']}"
+    print(
+        f"| {t['repository']} | {t['kernels']} | {launched} | {t['tests']} | "
+        f"{t['census_passing']}/{t['census_with_reference']} | {t['kernel_rows']} | "
+        f"{t['op_rows']} |"
+    )
+    print(f"  outcomes: {t['outcomes']}; census kernels not passing: {t['census_missing']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
