@@ -74,6 +74,7 @@ class Drop(StrEnum):
     DUPLICATE = "duplicate"  # the same kernel, comments and whitespace aside
     NEAR_DUPLICATE = "near_duplicate"  # shingle similarity at or above the thresholds
     SECRET = "secret"  # a text of the row looks like a credential
+    OP_INCOMPLETE = "op_incomplete"  # no op row: not every kernel of the op passed its test
 
 
 class EmptyExport(ExportError):
@@ -112,7 +113,8 @@ class _Pick:
     root: Path | None
     summary: dict  # id, kill_rate, num_cases, num_shapes: what dedup ranks by
     verification: tuple[str, str]  # (gpu_pass | override, why an override)
-    op: tuple[str, list[str]] = ("", [])  # (op key, its kernels) when the label holds several
+    # (op key, its kernels, every candidate of the op) when the label holds several kernels
+    op: tuple[str, list[str], list] = ("", [], [])
 
 
 def _check_options(opts: Options) -> None:
@@ -137,8 +139,9 @@ def _picks(
     repos = store.repos()
     roots = {(r.url, r.commit): Path(r.root) if r.root else None for r in repos}
     urls = {r.url: public_url(r.url, opts.sources) for r in repos}  # a git open per repository
-    picks = []
+    picks, members = [], {}
     for cand in store.iter_candidates():
+        _op_member(cand, workdir, members)
         if cand.id not in accepted:
             continue
         prov, verify = cand.provenance, cand.stage(StageName.VERIFY)
@@ -171,12 +174,28 @@ def _picks(
             where = f"not in workdir {workdir.name}"
             drops.append(_drop(pick, Drop.MISSING_FILES, f"{where}: {', '.join(missing)}"))
         else:
-            label = read_label(workdir, cand)
-            names = ops.kernels(label)
-            if len(names) > 1:
-                pick.op = (ops.op_key(label), names)
             picks.append(pick)
+    key_of = {m[0]: key for key, ms in members.items() for m in ms}
+    for p in picks:
+        if p.cand.id in key_of:
+            ms = members[key_of[p.cand.id]]
+            p.op = (key_of[p.cand.id], list(dict.fromkeys(n for m in ms for n in m[3])), ms)
     return picks
+
+
+def _op_member(cand: Candidate, workdir: Path, members: dict) -> None:
+    """Note every candidate whose label holds several kernels under its op's key, accepted or
+    not: an op row needs all of them to have passed (id, kernel, verify outcome, label kernels,
+    kill rate)."""
+    label = read_label(workdir, cand) if cand.wrapper.label_path else ""
+    names = ops.kernels(label)
+    if len(names) > 1:
+        verify = cand.stage(StageName.VERIFY)
+        metrics = verify.metrics if verify else {}
+        outcome = metrics.get("outcome") or "not verified"
+        members.setdefault(ops.op_key(label), []).append(
+            (cand.id, cand.kernel.name, outcome, names, metrics.get("kill_rate"))
+        )
 
 
 def _drop(p: _Pick, reason: Drop, detail: str, kept: str = "") -> dict:
@@ -259,20 +278,25 @@ def _op_groups(picks: list[_Pick]) -> list[list[_Pick]]:
 
 
 def _op_rows(groups: list[list[_Pick]], drops: list[dict], secrets: dict):
-    """One op-level row per multi-kernel op: the label and test of its best-tested kernel,
-    the instruction for the whole op, the lowest kill rate its kernels measured."""
+    """One op-level row per multi-kernel op whose every kernel passed its test (accepted or
+    not): the label and test of its best-tested accepted kernel, the instruction for the whole
+    op, the lowest kill rate its kernels measured."""
     for group in groups:
         p = group[0]
+        names, members = p.op[1], p.op[2]
+        failed = [f"{m[1]}: {m[2]}" for m in members if m[2] != "pass"]
+        if failed:
+            why = f"its kernels did not all pass their tests ({'; '.join(failed)})"
+            drops.append(_drop(p, Drop.OP_INCOMPLETE, f"op row of {', '.join(names)}: {why}"))
+            continue
         label = read_label(p.workdir, p.cand)
-        names = p.op[1]
         op_name = p.cand.wrapper.op_map.get("python_name") or function_of(p.cand)
         complete = op_complete_text(p.cand, label, op_name)
         inst = Instructions(derive_instruction(complete), complete, "", False)
         row = build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst, op_kernels=names)
         row["id"] = ops.op_id(p.repo_url, p.cand.provenance.commit, function_of(p.cand), names)
-        kills = [q.summary["kill_rate"] for q in group if q.summary["kill_rate"] is not None]
-        measured = [k for k in kills if k >= 0]  # an override's -1 is no measure
-        row["kill_rate"] = min(measured) if len(measured) == len(kills) and kills else None
+        kills = [m[4] for m in members]
+        row["kill_rate"] = None if None in kills else min(kills)
         why = secret_in(row, secrets)
         if why:
             drops.append(_drop(p, Drop.SECRET, f"{why}; fix it at the source, then export again"))
