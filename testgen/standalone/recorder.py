@@ -110,6 +110,13 @@ class _StubMeta(type):
     def __getitem__(cls, key):
         return cls
 
+    # module-level code that orders a stub's attribute (triton's `config.num_warps <= 32`
+    # when mamba prunes its autotune configs): no order holds, the code goes on
+    def __lt__(cls, other):
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
     def __call__(cls, *args, **kwargs):
         if "_kminer_stub" in cls.__dict__:  # the stub itself, not a class deriving from it
             device = _DEVICE_CHECK.fullmatch(cls.__qualname__.rsplit(".", 1)[-1])
@@ -346,11 +353,23 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             try:
-                if finder.find_spec(fullname, path, target) is not None:
-                    return True
+                spec = finder.find_spec(fullname, path, target)
             except (ImportError, ValueError, AttributeError):
                 continue
+            if spec is not None and not self._shadow(spec):
+                return True
         return False
+
+    def _shadow(self, spec) -> bool:
+        """A folder without `__init__` below the repository's root that a top-level import
+        found only because pytest put a test's folder on sys.path (mamba's tests/ops/triton/
+        for `import triton`): not the package asked for, which this machine lacks."""
+        places = list(spec.submodule_search_locations or [])
+        if spec.origin not in (None, "namespace") or not places or "." in spec.name:
+            return False
+        return all(
+            os.path.dirname(os.path.realpath(p)).startswith(self.repo + os.sep) for p in places
+        )
 
     def _importer(self) -> tuple[str, int] | None:
         """(file, line) of the import statement when the repository's code makes it."""
@@ -828,7 +847,15 @@ def main(argv: list[str]) -> int:
     with _repository_view(finder.repo), pretend:
         if _has_tests(tree) or not script:
             # --assert=plain: test modules load through the finder, which disarms their asserts
-            options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--assert=plain", "--tb=no"]
+            tb = os.environ.get("KMINER_RECORD_TB", "no")  # `short` to see why a file fails
+            options = [
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:randomly",
+                "--assert=plain",
+                f"--tb={tb}",
+            ]
             pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
         if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
             _run_script(test_file, tree)  # main block calls (pytest finds no fixture `Group`)
