@@ -8,7 +8,7 @@ verify outcome is `weak_test` otherwise). The census's denominator is the kernel
 a CPU or pure-PyTorch implementation in the repository; a census kernel counts as passing when
 any candidate of it (a specialization) passed. Rows are counted as the export makes them: one
 kernel-level row per passing candidate, and one op-level row per label that holds several
-kernels (curation.ops) and passed.
+kernels (curation.ops) whose every kernel passed.
 """
 
 from __future__ import annotations
@@ -38,11 +38,19 @@ def table(workdir: Path, census: Path) -> dict:
 
     built = [c for c in cands if (b := c.stage(StageName.BUILD)) and b.status == Status.OK]
     passed = [c for c in cands if outcome(c) == "pass"]
-    op_keys = set()
-    for c in passed:
-        label = (workdir / c.wrapper.label_path).read_text(errors="replace")
-        if len(ops.kernels(label)) > 1:
-            op_keys.add(ops.op_key(label))
+    op_outcomes: dict[str, dict] = {}  # an op row needs every kernel of the op to pass
+    op_names: dict[str, list] = {}
+    for c in cands:
+        path = workdir / c.wrapper.label_path if c.wrapper.label_path else None
+        label = path.read_text(errors="replace") if path and path.is_file() else ""
+        names = ops.kernels(label)
+        if len(names) > 1:
+            key = ops.op_key(label)
+            op_names[key] = names
+            op_outcomes.setdefault(key, {}).setdefault(c.kernel.name, set()).add(outcome(c))
+    op_keys = {
+        k for k, seen in op_outcomes.items() if all(seen.get(n) == {"pass"} for n in op_names[k])
+    }
     rows = list(csv.DictReader(census.open()))
     with_ref = [r for r in rows if r["ref_level"]]
     ok = {(c.kernel.file, c.kernel.name) for c in passed}

@@ -285,6 +285,8 @@ def _op_rows(groups: list[list[_Pick]], drops: list[dict], secrets: dict):
         p = group[0]
         names, members = p.op[1], p.op[2]
         failed = [f"{m[1]}: {m[2]}" for m in members if m[2] != "pass"]
+        tested = {m[1] for m in members}  # mutants of a kernel no member is were never run
+        failed += [f"{n}: not tested with this label" for n in names if n not in tested]
         if failed:
             why = f"its kernels did not all pass their tests ({'; '.join(failed)})"
             drops.append(_drop(p, Drop.OP_INCOMPLETE, f"op row of {', '.join(names)}: {why}"))

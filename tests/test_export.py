@@ -693,3 +693,11 @@ def test_a_multi_kernel_op_is_one_op_row_and_each_kernel_a_row_given_the_rest(tm
     assert third["levels"] == {"kernel": 1} and third["dropped"] == {"op_incomplete": 1}
     (drop,) = third["drops"]
     assert "add_offsets_kernel: weak_test" in drop["detail"]
+    # a kernel of the label tested only through another label (its own launcher): the op's
+    # test may never run it, so no op row either
+    set_verify(wd, "add_offsets_kernel", {"outcome": "pass", "kill_rate": 1.0})
+    adder_cand = next(c for c in cands if c.kernel.name == "add_offsets_kernel")
+    (wd / adder_cand.wrapper.label_path).write_text(label_for(adder_cand))
+    fourth = export(Options(workdirs=[wd], out=out))
+    assert fourth["dropped"] == {"op_incomplete": 1}
+    assert "add_offsets_kernel: not tested with this label" in fourth["drops"][0]["detail"]
