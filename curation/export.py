@@ -113,8 +113,7 @@ class _Pick:
     root: Path | None
     summary: dict  # id, kill_rate, num_cases, num_shapes: what dedup ranks by
     verification: tuple[str, str]  # (gpu_pass | override, why an override)
-    # (op key, its kernels, every candidate of the op) when the label holds several kernels
-    op: tuple[str, list[str], list] = ("", [], [])
+    op: ops.Op | None = None  # when its label holds several kernels
 
 
 def _check_options(opts: Options) -> None:
@@ -139,9 +138,10 @@ def _picks(
     repos = store.repos()
     roots = {(r.url, r.commit): Path(r.root) if r.root else None for r in repos}
     urls = {r.url: public_url(r.url, opts.sources) for r in repos}  # a git open per repository
-    picks, members = [], {}
+    picks, by_key = [], {}
     for cand in store.iter_candidates():
-        _op_member(cand, workdir, members)
+        if cand.wrapper.label_path:  # an op row needs all its kernels, accepted or not
+            ops.collect(by_key, cand, read_label(workdir, cand))
         if cand.id not in accepted:
             continue
         prov, verify = cand.provenance, cand.stage(StageName.VERIFY)
@@ -175,27 +175,10 @@ def _picks(
             drops.append(_drop(pick, Drop.MISSING_FILES, f"{where}: {', '.join(missing)}"))
         else:
             picks.append(pick)
-    key_of = {m[0]: key for key, ms in members.items() for m in ms}
+    op_of = {m.id: op for op in by_key.values() for m in op.members}
     for p in picks:
-        if p.cand.id in key_of:
-            ms = members[key_of[p.cand.id]]
-            p.op = (key_of[p.cand.id], list(dict.fromkeys(n for m in ms for n in m[3])), ms)
+        p.op = op_of.get(p.cand.id)
     return picks
-
-
-def _op_member(cand: Candidate, workdir: Path, members: dict) -> None:
-    """Note every candidate whose label holds several kernels under its op's key, accepted or
-    not: an op row needs all of them to have passed (id, kernel, verify outcome, label kernels,
-    kill rate)."""
-    label = read_label(workdir, cand) if cand.wrapper.label_path else ""
-    names = ops.kernels(label)
-    if len(names) > 1:
-        verify = cand.stage(StageName.VERIFY)
-        metrics = verify.metrics if verify else {}
-        outcome = metrics.get("outcome") or "not verified"
-        members.setdefault(ops.op_key(label), []).append(
-            (cand.id, cand.kernel.name, outcome, names, metrics.get("kill_rate"))
-        )
 
 
 def _drop(p: _Pick, reason: Drop, detail: str, kept: str = "") -> dict:
@@ -270,8 +253,8 @@ def _op_groups(picks: list[_Pick]) -> list[list[_Pick]]:
     """The kept candidates whose labels are one multi-kernel op, best tested first."""
     groups: dict[tuple, list[_Pick]] = {}
     for p in picks:
-        if p.op[0]:
-            groups.setdefault((str(p.workdir), p.op[0]), []).append(p)
+        if p.op is not None:
+            groups.setdefault((str(p.workdir), p.op.key), []).append(p)
     rank = lambda p: (p.summary["kill_rate"] is None, -(p.summary["kill_rate"] or 0.0))  # noqa: E731
     return [sorted(g, key=lambda p: (rank(p), -p.cand.tests.num_cases, p.cand.id))
             for g in groups.values()]  # fmt: skip
@@ -283,10 +266,7 @@ def _op_rows(groups: list[list[_Pick]], drops: list[dict], secrets: dict):
     op, the lowest kill rate its kernels measured."""
     for group in groups:
         p = group[0]
-        names, members = p.op[1], p.op[2]
-        failed = [f"{m[1]}: {m[2]}" for m in members if m[2] != "pass"]
-        tested = {m[1] for m in members}  # mutants of a kernel no member is were never run
-        failed += [f"{n}: not tested with this label" for n in names if n not in tested]
+        names, failed = p.op.kernels, p.op.incomplete()
         if failed:
             why = f"its kernels did not all pass their tests ({'; '.join(failed)})"
             drops.append(_drop(p, Drop.OP_INCOMPLETE, f"op row of {', '.join(names)}: {why}"))
@@ -297,8 +277,7 @@ def _op_rows(groups: list[list[_Pick]], drops: list[dict], secrets: dict):
         inst = Instructions(derive_instruction(complete), complete, "", False)
         row = build_row(p.cand, p.review, p.repo_url, p.workdir, label, inst, op_kernels=names)
         row["id"] = ops.op_id(p.repo_url, p.cand.provenance.commit, function_of(p.cand), names)
-        kills = [m[4] for m in members]
-        row["kill_rate"] = None if None in kills else min(kills)
+        row["kill_rate"] = p.op.kill_rate()
         why = secret_in(row, secrets)
         if why:
             drops.append(_drop(p, Drop.SECRET, f"{why}; fix it at the source, then export again"))

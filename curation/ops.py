@@ -16,6 +16,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from miner.candidate import Candidate, StageName
 from miner.textprep import blank_comments_and_strings, bracket_end
 
 BODY_BEGIN = "// kminer-label-body-begin"
@@ -103,3 +104,43 @@ def op_id(repo_url: str, commit: str, function: str, names: list[str]) -> str:
     """Stable over reruns, like a candidate's id: the op's host function and its kernels."""
     key = "|".join(["op", repo_url, commit, function, ",".join(names)])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Member:
+    """A candidate whose label is the op's (accepted or not): what its own test showed."""
+
+    id: str
+    kernel: str
+    outcome: str  # the verify outcome, "not verified" when there was none
+    kill_rate: float | None
+
+
+@dataclass
+class Op:
+    key: str
+    kernels: list[str]
+    members: list[Member]
+
+    def incomplete(self) -> list[str]:
+        """Why there is no op row: each kernel of the label whose test with this label did not
+        pass, or that no test with this label ran (its wrong versions were never tried)."""
+        why = [f"{m.kernel}: {m.outcome}" for m in self.members if m.outcome != "pass"]
+        tested = {m.kernel for m in self.members}
+        return why + [f"{n}: not tested with this label" for n in self.kernels if n not in tested]
+
+    def kill_rate(self) -> float | None:
+        kills = [m.kill_rate for m in self.members]
+        return None if None in kills or not kills else min(kills)
+
+
+def collect(ops_by_key: dict[str, Op], cand: Candidate, label_text: str) -> None:
+    """Add `cand` to its op in `ops_by_key` when its label holds several kernels."""
+    names = kernels(label_text)
+    if len(names) < 2:
+        return
+    verify = cand.stage(StageName.VERIFY)
+    metrics = verify.metrics if verify else {}
+    op = ops_by_key.setdefault(op_key(label_text), Op(op_key(label_text), names, []))
+    outcome = metrics.get("outcome") or "not verified"
+    op.members.append(Member(cand.id, cand.kernel.name, outcome, metrics.get("kill_rate")))

@@ -26,13 +26,8 @@ from miner.candidate import Candidate
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
-from testgen.resize import (
-    conv_resize,
-    more_rows,
-    more_segments,
-    row_subsets,
-    segment_subsets,
-)
+from testgen.resize import conv_resize, more_rows, row_subsets
+from testgen.segments import more_segments, segment_subsets
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
 MAX_BASE_CALLS = 8

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from testgen.cases import BaseCall, plan, shape_key
-from testgen.resize import more_rows, more_segments, row_subsets, segment_subsets
+from testgen.resize import more_rows, row_subsets
+from testgen.segments import more_segments, segment_subsets
 
 
 def test_nms_call_keeps_boxes_and_scores_together():
