@@ -23,6 +23,7 @@ from pathlib import Path
 
 def table(workdir: Path, census: Path) -> dict:
     from curation import ops
+    from curation.instructions import read_label
     from miner.candidate import StageName, Status
     from miner.store import Store
 
@@ -38,19 +39,10 @@ def table(workdir: Path, census: Path) -> dict:
 
     built = [c for c in cands if (b := c.stage(StageName.BUILD)) and b.status == Status.OK]
     passed = [c for c in cands if outcome(c) == "pass"]
-    op_outcomes: dict[str, dict] = {}  # an op row needs every kernel of the op to pass
-    op_names: dict[str, list] = {}
+    by_key: dict = {}  # the export's rule: an op row needs every kernel of the op to pass
     for c in cands:
-        path = workdir / c.wrapper.label_path if c.wrapper.label_path else None
-        label = path.read_text(errors="replace") if path and path.is_file() else ""
-        names = ops.kernels(label)
-        if len(names) > 1:
-            key = ops.op_key(label)
-            op_names[key] = names
-            op_outcomes.setdefault(key, {}).setdefault(c.kernel.name, set()).add(outcome(c))
-    op_keys = {
-        k for k, seen in op_outcomes.items() if all(seen.get(n) == {"pass"} for n in op_names[k])
-    }
+        ops.collect(by_key, c, read_label(workdir, c))
+    op_rows = sum(not op.incomplete() for op in by_key.values())
     rows = list(csv.DictReader(census.open()))
     with_ref = [r for r in rows if r["ref_level"]]
     ok = {(c.kernel.file, c.kernel.name) for c in passed}
@@ -69,7 +61,7 @@ def table(workdir: Path, census: Path) -> dict:
         "census_share": round(len(ref_pass) / len(with_ref), 3) if with_ref else None,
         "census_missing": sorted(r["kernel"] for r in with_ref if r not in ref_pass),
         "kernel_rows": len(passed),
-        "op_rows": len(op_keys),
+        "op_rows": op_rows,
     }
 
 

@@ -20,7 +20,7 @@ def _pointer(args: list) -> tuple[int, int, int] | None:
     firsts |= {a for a in args if isinstance(a, int) and not isinstance(a, bool)}
     found = []
     for i, a in enumerate(args):
-        if not (_is_int(a) and a.dim() == 1 and a.numel() >= 3) or a.dtype == _bool():
+        if not (_is_int(a) and a.dim() == 1 and a.numel() >= 3) or str(a.dtype) == "torch.bool":
             continue
         if int(a[0]) == 0 and bool((a[1:] >= a[:-1]).all()) and int(a[-1]) in firsts:
             found.append((i, a.numel() - 1, int(a[-1])))
@@ -44,12 +44,6 @@ def _segments(args: list) -> tuple[int, int, int] | None:
     if segments == items and segments in ints:
         return None  # which count an integer argument is cannot be told
     return found
-
-
-def _bool():
-    import torch
-
-    return torch.bool
 
 
 def segment_subsets(args: list) -> list[tuple[int, list]]:

@@ -663,6 +663,20 @@ def test_a_label_revised_without_its_kernel_is_upstream_failed_not_a_crash(refre
     assert "compact_any_order_cuda_kernel" in r.detail
 
 
+def rendered_module(refrepo, tmp_path):
+    """The generated test file of the affine kernel, imported as a module: its helpers are
+    called directly on hand-made outputs."""
+    import types
+
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    module = types.ModuleType("rendered")
+    module.__file__ = str(tmp_path / cand.tests.path)
+    exec(compile((tmp_path / cand.tests.path).read_text(), "rendered", "exec"), module.__dict__)
+    return module
+
+
 def test_a_case_decided_by_tied_values_is_not_blamed_on_the_kernel(refrepo, tmp_path):
     """mmcv's NMS keeps one of two boxes of the same score: the CPU sort and the GPU sort order
     them differently. The rendered test breaks the ties both ways; a result that is the
@@ -671,12 +685,7 @@ def test_a_case_decided_by_tied_values_is_not_blamed_on_the_kernel(refrepo, tmp_
 
     import torch
 
-    cand = candidate(refrepo, "affine_forward_cuda_kernel")
-    write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
-    module = types.ModuleType("rendered")
-    module.__file__ = str(tmp_path / cand.tests.path)
-    exec(compile((tmp_path / cand.tests.path).read_text(), "rendered", "exec"), module.__dict__)
+    module = rendered_module(refrepo, tmp_path)
 
     def keep_best(scores, boxes):  # an NMS in one line: the first best-scored box's index
         return torch.tensor([int(torch.argmax(scores))]), boxes[int(torch.argmax(scores))]
@@ -700,16 +709,9 @@ def test_a_half_case_does_not_judge_indices_picked_among_near_ties(refrepo, tmp_
     """mmcv's chamfer distance in float16: the distances match, the argmin index differs where
     two distances are equal at float16 resolution. Only a float16 case with every floating
     output right is left out; any floating difference, or float32, still fails."""
-    import types
-
     import torch
 
-    cand = candidate(refrepo, "affine_forward_cuda_kernel")
-    write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
-    module = types.ModuleType("rendered")
-    module.__file__ = str(tmp_path / cand.tests.path)
-    exec(compile((tmp_path / cand.tests.path).read_text(), "rendered", "exec"), module.__dict__)
+    module = rendered_module(refrepo, tmp_path)
     dist = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
     want = [dist.float(), torch.tensor([0, 4, 2])]
     got = [dist, torch.tensor([0, 5, 2])]
