@@ -2,18 +2,21 @@
 # Run the verification bundles under .device/ (made by `kminer bundle`) on a GPU box within a
 # time budget, resuming where an earlier call stopped: a bundle NAME.tar.gz whose partial
 # results were carried back as .device/NAME.partial.json runs only the tests they lack.
-#   usage: benchmarks/run_bundles.sh SECONDS     results: $OUT/NAME_native.json
+# Bundles run side by side (JOBS at a time, default 3): the box has 16 cores and a test's time
+# is mostly one nvcc process, so device time goes further than running them one after another.
+#   usage: [JOBS=n] benchmarks/run_bundles.sh SECONDS     results: $OUT/NAME_native.json
 set -u
 OUT=${OUT:-$PWD/bundles-out}
 mkdir -p "$OUT"
 end=$(( $(date +%s) + ${1:-570} ))
-for b in .device/*.tar.gz; do
-  [ -e "$b" ] || continue
+jobs_max=${JOBS:-3}
+
+run_one() {  # bundle path
+  local b=$1 name dir left start resume=()
   name=$(basename "$b" .tar.gz)
   left=$(( end - $(date +%s) ))
-  [ "$left" -lt 30 ] && { echo "$name: not started (time)"; continue; }
+  [ "$left" -lt 30 ] && { echo "$name: not started (time)"; return; }
   dir=$(mktemp -d) && chmod 755 "$dir" && tar xzf "$b" -C "$dir" && dir=$dir/$(ls "$dir")
-  resume=()
   if [ -f ".device/$name.partial.json" ]; then
     cp ".device/$name.partial.json" "$dir/results.json" && resume=(--resume)
   fi
@@ -22,4 +25,11 @@ for b in .device/*.tar.gz; do
   echo "$name: exit $? in $(( $(date +%s) - start )) s"
   [ -f "$dir/results.json" ] && cp "$dir/results.json" "$OUT/$(echo "$name" | tr -c "A-Za-z0-9_.\n-" _)_native.json"
   tail -n 2 "$dir/run.log"
+}
+
+for b in .device/*.tar.gz; do
+  [ -e "$b" ] || continue
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  run_one "$b" &
 done
+wait

@@ -446,21 +446,41 @@ def _box_like(t) -> bool:
     return t.dim() == 2 and 4 <= t.shape[1] <= 9
 
 
+def tile_times(elements: int, at_least: int = 4096) -> list[int]:
+    """How many copies of the channels to try: 3 and 37, and for data so small that 37 copies
+    stay under `at_least` elements (3 values of a bias-act row) an odd count that passes it, so
+    a kernel's loop over several blocks or several items per thread is reached at all."""
+    times = [3, 37]
+    if 0 < elements * 37 < at_least:
+        times.append(-(-at_least // elements) | 1)
+    return times
+
+
 def channel_tiling(
     args: list, names: list[str] | None = None, loose: bool = False
 ) -> list[int] | None:
     """The tensors to repeat along dim 1 to widen the data's channels, or None when that may
-    not be valid: the data (first floating tensor) must be >= 3-D with C channels; every >= 3-D
-    tensor with C at dim 1 goes along (outputs, gradients); no integer argument may be C (it
+    not be valid: the data (first floating tensor) must be >= 3-D with C channels (or 2-D
+    beside a 1-D tensor of C values, which says its dim 1 is channels); every >= 3-D
+    tensor with C at dim 1 goes along (outputs, gradients), and so does a 1-D tensor of C
+    values when C > 1 (a per-channel bias or scale); no integer argument may be C (it
     could be the channel count; with C = 1, only one whose name says channels counts, as 1 is
     every flag's value) and no tensor may have a multiple of C at dim 1 (a layout that
     mixes channels with something else). Every size is a multiple of C = 1, so that rule says
     nothing then; `loose` drops it for C = 1 (a last resort for a call of too few shapes: a wrong
     guess makes the test fail the right kernel, never pass a wrong one)."""
     d = _first_float(args)
-    if d is None or args[d].dim() < 3:
+    if d is None or args[d].dim() < 2:
         return None
     c = int(args[d].shape[1])
+    per_channel = [
+        i
+        for i, a in enumerate(args)
+        if hasattr(a, "dim") and a.dim() == 1 and c > 1 and int(a.shape[0]) == c and i != d
+    ]
+    if args[d].dim() < 3 and not per_channel:  # 2-D data: its dim 1 is channels only beside
+        return None  # a vector of one value per channel
+    low = min(3, args[d].dim())
     names = names or [""] * len(args)
     for a, name in zip(args, names, strict=False):
         named = re.search(r"chan|^c$|^C$|planes|dim", name or "c")
@@ -468,11 +488,13 @@ def channel_tiling(
             return None
     picked = []
     for i, a in enumerate(args):
-        if hasattr(a, "dim") and a.dim() >= 2 and a.numel():
+        if i in per_channel:
+            picked.append(i)  # one value per channel (a bias, a scale): widened with them
+        elif hasattr(a, "dim") and a.dim() >= 2 and a.numel():
             dim1 = int(a.shape[1])
-            if a.dim() >= 3 and dim1 == c:
+            if a.dim() >= low and dim1 == c:
                 picked.append(i)
-            elif dim1 != c and dim1 % c == 0 and a.dim() >= 3 and not (loose and c == 1):
+            elif dim1 != c and dim1 % c == 0 and a.dim() >= low and not (loose and c == 1):
                 return None
     return picked
 
@@ -537,7 +559,7 @@ def plan(
         if not tiled and len(shapes) < MIN_SHAPES:
             tiled = channel_tiling(base[largest].args, names, loose=True)
         if tiled:
-            for times in (3, 37):
+            for times in tile_times(base[largest].args[d].numel()):
                 add(f"channels_x{times}", largest, tile={"args": tiled, "times": times})
                 shapes.add((shape_key(base[largest].args), times))
         for dt in dtypes[1:]:

@@ -59,17 +59,31 @@ def forward_of(binding: str, names) -> str | None:
     return found[0] if found else None
 
 
+def _bare(name: str) -> str:
+    return name.rstrip("_")  # `bias_`, `dfinal_states_`: C++'s mark of an optional
+
+
 def _role(name: str, fwd: list[str], outputs: set[str]):
     """What a backward parameter holds: one of the forward's ("input", p), the gradient it
-    writes for forward input p ("grad", p), the gradient of a forward output ("out_grad",)
-    (`outputs`: the forward's parameters it writes its outputs into)."""
+    writes for forward input p ("grad", p), the gradient of the forward output written into p
+    ("out_grad", p: `dout` for `out`, `dfinal_states_` for `final_states_out_`), or of an output
+    it does not name ("out_grad",), or of an optional output p the paired forward calls never
+    write ("absent", p: always None). `outputs`: the forward's parameters it writes into."""
     if name in fwd:
         return ("input", name)
     m = _GRAD_OF.match(name)
-    base = m and (m.group("a") or m.group("b"))
-    if base in fwd and base not in outputs:
-        return ("grad", base)
-    if base in outputs or _OUTPUT_GRAD.search(name):
+    base = _bare((m and (m.group("a") or m.group("b"))) or "")
+    if base:
+        for p in fwd:
+            if _bare(p) == base and p not in outputs:
+                return ("grad", p)
+        for p in sorted(outputs):
+            if _bare(p) in (base, base + "_out", base + "out"):
+                return ("out_grad", p)
+        for p in fwd:  # an output the paired calls never asked for (`final_states_out_`)
+            if _bare(p) in (base + "_out", base + "out"):
+                return ("absent", p)
+    if _OUTPUT_GRAD.search(name):
         return ("out_grad",)
     return None
 
@@ -94,30 +108,64 @@ class _Plan:
         self.leaves = sorted(read)  # forward positions whose gradient may be asked
         self.written = {t[1]: j for j, t in enumerate(p.outputs) if t and t[0] == "arg"}
 
+    def _output_of(self) -> list:
+        """For each backward parameter that is an output gradient, the forward output (its
+        place in `out_targets`) it is the gradient of: the one it names, else the next
+        floating output no other names."""
+        named = {
+            self.out_targets.index(self.written[self.fwd.index(r[1])])
+            for r in self.roles
+            if r[0] == "out_grad" and len(r) > 1
+        }
+        free = [j for j in range(len(self.out_targets)) if j not in named]
+        found = []
+        for r in self.roles:
+            if r[0] != "out_grad":
+                found.append(None)
+            elif len(r) > 1:
+                found.append(self.out_targets.index(self.written[self.fwd.index(r[1])]))
+            else:
+                found.append(free.pop(0) if free else -1)
+        return found
+
     def backward_call(self, fargs: list, outs: list, seed: int) -> list | None:
         """The backward's arguments for a forward call whose outputs (in `out_targets`
-        order) are `outs`."""
+        order) are `outs`; an output the call did not ask for (None) has no gradient."""
         import torch
 
-        floating = [o for o in outs if hasattr(o, "is_floating_point") and o.is_floating_point()]
-        if not floating or sum(r[0] == "out_grad" for r in self.roles) > len(floating):
+        if -1 in self._output_of():
             return None
         gen = torch.Generator().manual_seed(seed)
-        args, used = [], 0
-        for role in self.roles:
-            k = self.fwd.index(role[1]) if len(role) > 1 else None
+        args, given = [], 0
+        for role, j in zip(self.roles, self._output_of(), strict=True):
+            k = self.fwd.index(role[1]) if len(role) > 1 and role[0] != "out_grad" else None
             if role[0] == "input":
-                j = self.written.get(k)
-                args.append(outs[self.out_targets.index(j)] if j is not None else fargs[k])
+                w = self.written.get(k)
+                args.append(outs[self.out_targets.index(w)] if w is not None else fargs[k])
+            elif role[0] == "absent":
+                args.append(None)
             elif role[0] == "grad":
-                if not hasattr(fargs[k], "shape"):
+                if fargs[k] is None:
+                    args.append(None)  # an optional input not given: no gradient to write
+                elif not hasattr(fargs[k], "shape"):
                     return None
-                args.append(torch.zeros_like(fargs[k]))
+                else:
+                    args.append(torch.zeros_like(fargs[k]))
             else:
-                o = floating[used]
-                used += 1
+                o = outs[j]
+                if not (hasattr(o, "is_floating_point") and o.is_floating_point()):
+                    args.append(None)
+                    continue
+                given += 1
                 args.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype))
-        return args
+        return args if given else None
+
+    def _written_order(self) -> list:
+        """(forward position, place of its output in `out_targets` when a backward parameter
+        is its gradient, else None) for each output the forward writes into an argument."""
+        asked = set(self._output_of())
+        places = ((k, self.out_targets.index(j)) for k, j in sorted(self.written.items()))
+        return [(k, j if j in asked else None) for k, j in places]
 
     def code(self, forward_body: str) -> str:
         """The forward, its adapter, `kminer_forward(*forward args)` returning its outputs,
@@ -131,9 +179,12 @@ class _Plan:
                 fexpr.append(pname)
             elif k in self.written:
                 fexpr.append("None")  # an output the forward writes: made below
+            elif ("absent", pname) in self.roles:
+                fexpr.append("None")  # an optional output no paired call asked for
             else:
                 return ""
-        out_grads = [self.bwd[k] for k, r in enumerate(self.roles) if r[0] == "out_grad"]
+        by_output = dict(zip(self._output_of(), self.bwd, strict=True))
+        out_grads = [by_output.get(j, "None") for j in range(len(self.out_targets))]
         # the gradients it writes, by name; else those it returns, in the forward's order
         wanted = [self.fwd.index(g) for g in self.grads] or "leaves"
         lines = [
@@ -158,25 +209,28 @@ class _Plan:
             "# kminer: the backward is the gradient of the forward above (torch.autograd).",
             f"def kminer_backward({', '.join(names)}):",
             f"    fargs = [{', '.join(fexpr)}]",
-            f"    grads_out = [{', '.join(out_grads)}]",
-            f"    for k in {sorted(self.written)!r}:",
-            "        fargs[k] = torch.empty_like(grads_out[0])",
+            f"    grads_out = [{', '.join(out_grads)}]  # per forward output; None: not asked",
+            f"    for k, j in {self._written_order()!r}:",
+            "        g = grads_out[j] if j is not None else next(  # no gradient: a buffer alike",
+            "            (g for g in grads_out if g is not None), None)",
+            "        fargs[k] = torch.empty_like(g) if g is not None else None",
             f"    leaves = [k for k in {self.leaves!r} if getattr(fargs[k], 'is_floating_point',"
             " bool)()]",
             "    for k in leaves:",
             "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
             "    with torch.enable_grad():",
             "        outs = kminer_forward(*fargs)",
-            "        outs = [o for o in outs if o is not None and o.requires_grad]",
-            "        if not outs:",
+            "        pairs = [(o, g) for o, g in zip(outs, grads_out)",
+            "                 if o is not None and g is not None and o.requires_grad]",
+            "        if not pairs:",
             "            raise RuntimeError('kminer: the forward function is not differentiable"
             " in torch (numpy, or no floating input reaches its output)')",
-            "        pairs = list(zip(outs, grads_out))",
             "        found = torch.autograd.grad(",
             "            [o for o, _ in pairs], [fargs[k] for k in leaves],",
             "            [g.to(o.dtype) for o, g in pairs], allow_unused=True)",
             "    by = dict(zip(leaves, found))",
-            "    return [by[k].detach() if by.get(k) is not None else torch.zeros_like(fargs[k])",
+            "    return [by[k].detach() if by.get(k) is not None else (",
+            "            None if fargs[k] is None else torch.zeros_like(fargs[k]))",
             f"            for k in {wanted}]",
             "",
             "",

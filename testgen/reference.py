@@ -202,7 +202,7 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
                 found = attempt("sibling", cpu, path, refs.params_of(name))
                 if found:
                     return found
-    for path in paths[1:]:  # 2. an op function calling a CPU function itself
+    for path in paths:  # 2. an op function (the exposed one too) calling a CPU function itself
         caller = path[-1]
         on_path = {p.names[0] for p in path}
         for ref in sorted(caller.refs):

@@ -221,3 +221,33 @@ def test_a_list_parameter_is_read_off_several_binding_arguments():
     assert _scalar_source(pairs, "padding") == ("list", [1, 3])
     pairs[1] = (RecordedCall("up", [torch.ones(2), 1, 1, 0, 0]), {"padding": 1})
     assert _scalar_source(pairs, "padding") is None  # pady0 = pady1 = 0 where the test said 1
+
+
+def test_backward_parameters_are_read_by_name_optional_marks_included():
+    """causal-conv1d's backward binding: C++'s trailing `_` marks optionals, `dout` is the
+    gradient of the output written into `out`, `dfinal_states_` that of `final_states_out_`
+    (absent when no paired forward call asked for it)."""
+    from testgen.grad_reference import _role
+
+    fwd = [
+        "x",
+        "weight",
+        "bias_",
+        "seq_idx_",
+        "initial_states_",
+        "out",
+        "final_states_out_",
+        "silu_activation",
+    ]
+    assert _role("dout", fwd, {"out"}) == ("out_grad", "out")
+    assert _role("dx", fwd, {"out"}) == ("grad", "x")
+    assert _role("dbias_", fwd, {"out"}) == ("grad", "bias_")
+    assert _role("dinitial_states_", fwd, {"out"}) == ("grad", "initial_states_")
+    assert _role("dfinal_states_", fwd, {"out"}) == ("absent", "final_states_out_")
+    assert _role("dfinal_states_", fwd, {"out", "final_states_out_"}) == (
+        "out_grad",
+        "final_states_out_",
+    )
+    assert _role("silu_activation", fwd, {"out"}) == ("input", "silu_activation")
+    assert _role("grad_output", ["input", "output"], {"output"}) == ("out_grad", "output")
+    assert _role("top_grad", ["input"], set()) == ("out_grad",)

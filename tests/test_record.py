@@ -190,3 +190,40 @@ def test_a_test_folder_named_like_a_missing_package_does_not_shadow_its_stub(gpu
     instead, and module-level code that orders a stub's attributes goes on."""
     (call,) = gpu_repo_calls["tuned_forward"]
     assert call.test_file == "tests/kernels/test_tuned.py" and _values(call) == [[0, 1, 2, 3]]
+
+
+def test_a_test_past_its_share_is_cut_and_its_calls_kept():
+    """A test looping 10000 times over an op (a race-condition check) must not eat the file's
+    recording time: it is interrupted, with an exception its own `except Exception` cannot
+    swallow."""
+    import contextlib
+    import time
+
+    from testgen.standalone import recorder
+
+    started = time.monotonic()
+    with pytest.raises(recorder._OutOfTime):
+        recorder._cut_after(0.2)
+        while True:
+            with contextlib.suppress(Exception):  # a test's own guard does not stop the cut
+                time.sleep(0.01)
+    recorder._cut_after(0)
+    assert time.monotonic() - started < 5
+
+
+def test_the_save_budget_is_shared_by_every_function(monkeypatch):
+    """Many small forward calls must not crowd out an op's only large calls and its reference's
+    calls: the budget is taken in rounds, the k-th smallest call of each function in turn."""
+    from testgen.standalone import record_log
+
+    small = [("fwd", [torch.zeros(10)], {}) for _ in range(50)]  # 40 bytes each
+    large = [("update", [torch.zeros(200)], {}) for _ in range(2)]  # 800 bytes each
+    calls = small + large
+    ref = ("ops.py", "update_ref", [torch.zeros(200)], {}, [torch.zeros(200)], [50], [])
+    monkeypatch.setattr(record_log, "SAVE_BUDGET", 4000)
+    kept, refs = record_log._within_budget(calls, [ref])
+    functions = [c[0] for c in kept]
+    assert functions.count("update") >= 1 and functions.count("fwd") >= 10
+    # the reference is kept with its partner, renumbered to its place among the kept calls
+    assert len(refs) == 1 and kept[refs[0][5][0]][0] == "update"
+    assert sum(record_log._bytes(c) for c in kept) + record_log._bytes(refs[0][:5]) <= 4000

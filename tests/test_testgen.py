@@ -23,6 +23,7 @@ from testgen.cases import (
     label_dtypes,
     plan,
     pybind_arg_names,
+    tile_times,
 )
 from testgen.generate import generate_for
 from testgen.inputs import RecordedCall
@@ -146,6 +147,14 @@ def test_channel_tiling_takes_the_data_and_its_outputs():
     assert channel_tiling(mixed) is None
     # boxes (2-D data) are not channels
     assert channel_tiling([torch.randn(5, 4), torch.zeros(5, 5)]) is None
+    # a per-channel vector (fused bias + activation: x [N, C, H, W], bias [C]) goes along
+    biased = [torch.randn(2, 3, 2, 2), torch.randn(3), torch.empty(0), 3 + 1, 0]
+    assert channel_tiling(biased) == [0, 1]
+    # 2-D data [N, C] is widened only beside such a vector (its dim 1 is then channels)
+    assert channel_tiling([torch.randn(1, 3), torch.randn(3), torch.empty(0), 0, 1]) == [0, 1]
+    assert channel_tiling([torch.randn(1, 3), torch.randn(4), 0, 1]) is None
+    # tiny data gets a third, large widening so loops over several blocks are reached
+    assert tile_times(3) == [3, 37, 1367] and tile_times(4 * 64 * 8) == [3, 37]
 
 
 def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
@@ -158,9 +167,10 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
         "edge_large",
         "channels_x3",
         "channels_x37",
+        "channels_x87",  # 48 values x 37 stay under 4096: one widening past it
         "typical_float64",
     ]
-    assert p.shapes == 3 and len(p.cases) >= 5
+    assert p.shapes == 4 and len(p.cases) >= 5
     assert p.cases[4]["tile"] == {"args": [0, 2], "times": 3}
 
 

@@ -21,7 +21,7 @@ MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its
 MAX_ELEMENTS = 1 << 22  # larger tensors are not worth keeping as test inputs
 SAVE_BUDGET = 48 << 20  # bytes of tensors written back (the reader takes at most 64 MiB)
 MAX_REF_CALLS = 16  # calls of one possible reference kept with the extension calls beside them
-MAX_REF_ELEMENTS = 1 << 20  # a reference call with a larger tensor is not kept
+MAX_REF_ELEMENTS = 1 << 22  # a reference call with a larger tensor is not kept
 _TOO_BIG = object()
 
 
@@ -251,21 +251,47 @@ def _bytes(entry) -> int:
 
 
 def _within_budget(calls: list, refs: list) -> tuple[list, list]:
-    """The calls (smallest first) and then the reference calls that fit SAVE_BUDGET bytes, so
-    a test file of large inputs still gives its small ones; partners renumbered."""
+    """The calls and reference calls that fit SAVE_BUDGET bytes, taken in rounds so that no
+    function starves another: the smallest call of every function and the smallest call of
+    every reference (with the extension calls it pairs with) first, then the second smallest
+    of each, and so on (a file whose many small forward calls would fill the budget still
+    gives its large update calls); partners renumbered."""
     left = SAVE_BUDGET
-    kept = set()
+    kept: set[int] = set()
+    by_function: dict[str, list[int]] = {}
     for k in sorted(range(len(calls)), key=lambda k: _bytes(calls[k])):
-        size = _bytes(calls[k])
-        if size <= left:
+        by_function.setdefault(calls[k][0], []).append(k)
+    by_ref: dict[tuple, list[int]] = {}
+    for i in sorted(range(len(refs)), key=lambda i: _bytes(refs[i][:5])):
+        by_ref.setdefault(tuple(refs[i][:2]), []).append(i)
+    taken_refs = []
+
+    def take(k: int) -> bool:
+        nonlocal left
+        if k not in kept:
+            size = _bytes(calls[k])
+            if size > left:
+                return False
             kept.add(k)
             left -= size
+        return True
+
+    rounds = max([len(v) for v in (*by_function.values(), *by_ref.values())], default=0)
+    for r in range(rounds):
+        for ks in by_function.values():
+            if r < len(ks):
+                take(ks[r])
+        for found in by_ref.values():
+            if r >= len(found):
+                continue
+            ref = refs[found[r]]
+            size = _bytes(ref[:5])
+            if size <= left and sum(take(k) for k in ref[5]) and size <= left:
+                left -= size
+                taken_refs.append(found[r])
     number = {k: i for i, k in enumerate(sorted(kept))}
     out_refs = []
-    for ref in sorted(refs, key=_bytes):
-        partners = [number[k] for k in ref[5] if k in number]
-        size = _bytes(ref[:5])
-        if partners and size <= left:
-            left -= size
-            out_refs.append((*ref[:5], partners, *ref[6:]))
+    for i in sorted(taken_refs):
+        ref = refs[i]
+        out_refs.append((*ref[:5], [number[k] for k in ref[5] if k in number], *ref[6:]))
     return [calls[k] for k in sorted(kept)], out_refs

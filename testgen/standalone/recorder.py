@@ -46,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -60,6 +61,7 @@ except ImportError:
 
 ITEMS_PER_TEST = 32  # parametrizations of one test run (spread over its parameter grid)
 RECORD_BUDGET_S = 75.0  # then the remaining tests are skipped; the sandbox allows 120 s
+TEST_SHARE_S = 15.0  # one test item past this is cut (a 10000-step loop must not eat the file)
 DEVICE_BACKENDS = ("mlu", "npu", "musa")  # torch.<these> as stubs when torch lacks them
 _DEVICE_CHECK = re.compile(r"is_(\w+?)_(?:available|pytorch)")  # is_npu_available, is_rocm_pytorch
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -779,6 +781,23 @@ def _repository_view(repo: str):
         shutil.rmtree(view, ignore_errors=True)  # removes the links, never follows them
 
 
+class _OutOfTime(BaseException):
+    """Raised into a test that runs past its share: a BaseException, so the test's own
+    `except Exception` (or the recorder's go-on guards) cannot swallow it."""
+
+
+def _cut_after(seconds: float) -> None:
+    """Interrupt the running test after `seconds` (0: never); its calls so far are kept."""
+    if not hasattr(signal, "setitimer"):
+        return
+
+    def cut(signum, frame):
+        raise _OutOfTime(f"kminer: a test ran past its {TEST_SHARE_S:.0f} s share")
+
+    signal.signal(signal.SIGALRM, cut if seconds else signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
 def main(argv: list[str]) -> int:
     repo, test_file, out = (os.path.abspath(a) for a in argv[:3])
     built = {}
@@ -828,8 +847,14 @@ def main(argv: list[str]) -> int:
         @staticmethod
         def pytest_runtest_setup(item):
             log.begin()
-            if time.monotonic() - started > RECORD_BUDGET_S:  # what was recorded is kept
+            left = RECORD_BUDGET_S - (time.monotonic() - started)
+            if left <= 0:  # what was recorded is kept
                 pytest.skip("kminer: the recording's time is up")
+            _cut_after(min(TEST_SHARE_S, left))
+
+        @staticmethod
+        def pytest_runtest_teardown(item):
+            _cut_after(0)
 
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, finder.repo)
