@@ -12,18 +12,18 @@ end=$(( $(date +%s) + ${1:-570} ))
 jobs_max=${JOBS:-3}
 
 run_one() {  # bundle path
-  local b=$1 name dir left start resume=()
+  local b=$1 name dir left start out resume=()
   name=$(basename "$b" .tar.gz)
   left=$(( end - $(date +%s) ))
   [ "$left" -lt 30 ] && { echo "$name: not started (time)"; return; }
   dir=$(mktemp -d) && chmod 755 "$dir" && tar xzf "$b" -C "$dir" && dir=$dir/$(ls "$dir")
-  if [ -f ".device/$name.partial.json" ]; then
-    cp ".device/$name.partial.json" "$dir/results.json" && resume=(--resume)
+  out="$OUT/$(echo "$name" | tr -c "A-Za-z0-9_.\n-" _)_native.json"  # written as it goes:
+  if [ -f ".device/$name.partial.json" ]; then  # a call cut short still brings back its part
+    cp ".device/$name.partial.json" "$out" && resume=(--resume)
   fi
   start=$(date +%s)
-  (cd "$dir" && timeout "$left" python3 run.py --out results.json "${resume[@]}" >run.log 2>&1)
+  (cd "$dir" && timeout -k 5 "$left" python3 run.py --out "$out" "${resume[@]}" >run.log 2>&1)
   echo "$name: exit $? in $(( $(date +%s) - start )) s"
-  [ -f "$dir/results.json" ] && cp "$dir/results.json" "$OUT/$(echo "$name" | tr -c "A-Za-z0-9_.\n-" _)_native.json"
   tail -n 2 "$dir/run.log"
 }
 

@@ -84,6 +84,25 @@ def repo_test_files(repo: Path) -> list[Path]:
     return sorted(found)
 
 
+EXAMPLE_DIRS = {"examples", "example", "demo", "demos", "benchmarks", "benchmark", "samples"}
+MAX_EXAMPLES = 12  # example scripts recorded per run at most (each may cost the whole budget)
+
+
+def repo_example_files(repo: Path) -> list[Path]:
+    """The repository's example and benchmark scripts (a folder named examples/, demo/,
+    benchmarks/...): the second source of inputs, for ops its tests never call (SparseConvNet
+    has no tests, only `examples/hello-world.py`). Test files are not among them."""
+    tests = set(repo_test_files(repo))
+    found = set()
+    for p in repo.rglob("*.py"):
+        rel = p.relative_to(repo).parts
+        folders = {d.lower() for d in rel[:-1]}
+        ordinary = p.name != "__init__.py" and not p.name.startswith("setup") and p not in tests
+        if p.is_file() and ".git" not in rel and EXAMPLE_DIRS & folders and ordinary:
+            found.add(p)
+    return sorted(found, key=lambda p: (len(p.parts), p.as_posix()))
+
+
 def _cache_key(test_file: Path, built: dict[str, Path]) -> str:
     h = hashlib.sha256(RECORDER.read_bytes())
     for part in RECORDER_PARTS:
@@ -163,7 +182,27 @@ def record_repo_calls(
         for call in found:
             calls.setdefault(call.function, []).append(call)
         calls.refs.extend(refs)
+    # the examples speak for the ops no test calls (every op when the names are unknown and
+    # the tests called nothing)
+    missing = wanted - set(calls) if wanted is not None else None
+    if missing == set() or (missing is None and calls):
+        return calls
+    scripts = repo_example_files(repo)
+    if missing is not None:
+        mentions, words = _mentions(missing), _wrapper_names(repo, missing, set(tests))
+        scripts = [p for p in scripts if _mentioned(p, mentions, words)]
+    tested = set(calls)
+    for path in scripts[:MAX_EXAMPLES]:
+        found, _ = record_file(repo, path, cache_dir, built)  # their own checks: none
+        for call in found:
+            if call.function not in tested and (missing is None or call.function in missing):
+                calls.setdefault(call.function, []).append(call)
     return calls
+
+
+def _mentioned(path: Path, mentions: set[str], words: set[str]) -> bool:
+    text = path.read_text("utf-8", errors="replace")
+    return any(name in text for name in mentions) or bool(words & _words(text))
 
 
 def _mentions(wanted: set[str]) -> set[str]:

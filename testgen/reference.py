@@ -28,8 +28,10 @@ from miner.candidate import Candidate, Reference
 from miner.closure import Closure, compute_closure
 from miner.cpp_expr import MacroEnv
 from miner.discover import discover
+from miner.extract import TU_SUFFIXES
 from miner.filemodel import Item
 from miner.includes import IncludeResolver, exists_on_system, is_torch_header
+from miner.launches import include_graph, reachable
 from miner.linearize import Linearizer
 from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
@@ -87,7 +89,23 @@ class RepoRefs:
             if "REGISTER_" in model.code:
                 for m in _REGISTER.finditer(model.code):
                     self.registry.setdefault((m.group(1), m.group(2).upper()), m.group(3))
-        self.linearizer = Linearizer(disc.models, IncludeResolver(list(disc.models)), cpu_env())
+        resolver = IncludeResolver(list(disc.models))
+        self.linearizer = Linearizer(disc.models, resolver, cpu_env())
+        self._graph = include_graph(disc.models, resolver)
+        self._reach: dict[str, set[str]] = {}
+
+    def context_linear(self, file: str):
+        """The CPU-side linear view of the source that compiles `file` by `#include` (a unity
+        build: SparseConvNet's CPU/*.cpp inside sparseconvnet_cpu.cpp, after the header that
+        says `using Int = int32_t;`), or None when `file` is compiled alone."""
+        for f in sorted(f for f in self._graph if f.endswith(TU_SUFFIXES)):
+            if (
+                f != file
+                and not _GPU_DIR.search(f)
+                and file in reachable(self._graph, f, self._reach)
+            ):
+                return self.linearizer.linear(f)
+        return None
 
     def body(self, item: Item) -> str:
         return self.disc.models[item.file].code[item.start : item.end]
@@ -208,7 +226,8 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
         for ref in sorted(caller.refs):
             if ref in on_path or not _CPU_WORD.search(ref):
                 continue
-            if _twin_of(ref, on_path) or _STEM.sub("", ref) == _STEM.sub("", caller.names[0]):
+            same = _STEM.sub("", ref).strip("_") == _STEM.sub("", caller.names[0]).strip("_")
+            if _twin_of(ref, on_path) or same:
                 found = attempt("direct", ref, path, call_args(refs.body(caller), ref))
                 if found:
                     return found
@@ -253,7 +272,9 @@ def _twin_of(cpu: str, names: set[str]) -> bool:
 def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
     """The CPU function's closure; helpers only declared there get their definitions (and
     what those need) from the file that defines them, as a linker would."""
-    closure = compute_closure(item, refs.linearizer.linear(item.file))
+    closure = compute_closure(
+        item, refs.linearizer.linear(item.file), refs.context_linear(item.file)
+    )
     for _ in range(3):
         have = {n for e in closure.entries if e.item.kind != "decl" for n in e.item.names}
         used = set().union(*(e.item.refs for e in closure.entries if e.item.kind != "decl"))

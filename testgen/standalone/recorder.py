@@ -232,7 +232,26 @@ class _Package(types.ModuleType):
                 found = importlib.import_module(f"{self.__name__}.{module}")
                 if hasattr(found, attr):
                     return getattr(found, attr)
+        constants = self.__dict__.get("_kminer_constants", {})
+        if attr in constants:  # `forward_pass_multiplyAdd_count = 0`: a counter its ops bump
+            return constants[attr]
+        if self._submodule(attr):  # `scn.SCN`: the compiled extension its __init__ imports
+            try:
+                return importlib.import_module(f"{self.__name__}.{attr}")
+            except Exception as exc:
+                raise AttributeError(attr) from exc
         raise AttributeError(attr)
+
+    def _submodule(self, attr) -> bool:
+        """Whether `attr` names a module of this package: a source file or folder beside its
+        `__init__`, or an extension the repository compiles under it."""
+        here = os.path.dirname(self.__file__)
+        if os.path.isfile(os.path.join(here, attr + ".py")) or os.path.isdir(
+            os.path.join(here, attr)
+        ):
+            return True
+        finders = [f for f in sys.meta_path if isinstance(f, _Finder)]
+        return any(f"{self.__name__}.{attr}" in f.extensions for f in finders)
 
     def _exports(self):
         cached = self.__dict__.get("_kminer_exports")
@@ -246,6 +265,11 @@ class _Package(types.ModuleType):
         except (OSError, SyntaxError, ValueError):
             tree = ast.Module(body=[], type_ignores=[])
         prefix = self.__name__ + "."
+        constants = self.__dict__.setdefault("_kminer_constants", {})
+        for node in tree.body:  # plain values its __init__ sets (counters, flags, versions)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                with contextlib.suppress(ValueError, TypeError, SyntaxError, AttributeError):
+                    constants[node.targets[0].id] = ast.literal_eval(node.value)
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom):
                 continue
@@ -566,7 +590,8 @@ class _GoOn(ast.NodeTransformer):
                 out.append(self.visit(stmt))
             else:
                 handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None)
-                handler.body = [ast.Pass()]
+                failed = ast.Call(ast.Name("__kminer_failed__", ast.Load()), [], [])
+                handler.body = [ast.Expr(failed)]  # shown with KMINER_RECORD_TB set
                 guarded = ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[])
                 out.append(ast.copy_location(guarded, stmt))
         return out
@@ -592,22 +617,27 @@ def _is_main_block(node) -> bool:
     return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
 
 
-def _run_script(path: str, tree: ast.Module) -> None:
-    """A test written as a script (`if __name__ == "__main__": check_a(); check_b()`): its own
-    functions and its main block run statement by statement, asserts disarmed."""
+def _run_script(path: str, tree: ast.Module, seconds: float = RECORD_BUDGET_S) -> None:
+    """A test written as a script (`if __name__ == "__main__": check_a(); check_b()`), or an
+    example script (its statements at the top level): its own functions, its main block and
+    its top-level statements run statement by statement, asserts disarmed, for at most
+    `seconds` (an example that trains for hours gives the calls of its first steps)."""
     import builtins
 
     tree = _transform(tree, path, _DisarmedLoader.repo)
     go_on = _GoOn()
+    body = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("test"):
             go_on.visit(node)  # (test functions already go on: _TagRefs)
         elif _is_main_block(node):
-            body = []
-            for stmt in go_on.guard(node.body):  # each statement a test of its own
-                begin = ast.Call(ast.Name("__kminer_begin__", ast.Load()), [], [])
-                body += [ast.copy_location(ast.Expr(begin), stmt), stmt]
-            node.body = body
+            node.body = _each_a_test(go_on.guard(node.body))
+        elif not _is_test_file(path) and not isinstance(
+            node, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+        ):
+            node = _each_a_test(go_on.guard([node]))  # an example's top-level statement
+        body += node if isinstance(node, list) else [node]
+    tree.body = body
     code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
     sys.argv = [path]
     here = os.path.dirname(path)
@@ -616,8 +646,30 @@ def _run_script(path: str, tree: ast.Module) -> None:
         top = os.path.join(here, name.split(".")[0])  # now found beside it (`from gradcheck
         if isinstance(module, _StubModule) and (os.path.isdir(top) or os.path.isfile(top + ".py")):
             del sys.modules[name]  # import ...` in lietorch/run_tests.py)
-    with contextlib.suppress(Exception, SystemExit):
-        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    with contextlib.suppress(Exception, SystemExit, _OutOfTime):
+        _cut_after(seconds)
+        try:
+            exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+        finally:
+            _cut_after(0)
+
+
+def _show_failure() -> None:
+    """A guarded statement failed: why, on stderr, when KMINER_RECORD_TB asks for it."""
+    if os.environ.get("KMINER_RECORD_TB"):
+        import traceback
+
+        print("kminer-record: " + traceback.format_exc(limit=-2), file=sys.stderr)
+
+
+def _each_a_test(stmts: list) -> list:
+    """Statements each preceded by `__kminer_begin__()`: the calls of one are paired with the
+    references it calls, not with every earlier statement's."""
+    out = []
+    for stmt in stmts:
+        begin = ast.Call(ast.Name("__kminer_begin__", ast.Load()), [], [])
+        out += [ast.copy_location(ast.Expr(begin), stmt), stmt]
+    return out
 
 
 class _DisarmedLoader(importlib.machinery.SourceFileLoader):
@@ -820,6 +872,7 @@ def main(argv: list[str]) -> int:
     builtins.__kminer_ref__ = log.ref_recorder
     builtins.__kminer_both__ = log.on_both_devices
     builtins.__kminer_begin__ = log.begin
+    builtins.__kminer_failed__ = _show_failure
 
     started = time.monotonic()
 
@@ -868,9 +921,10 @@ def main(argv: list[str]) -> int:
     pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
     with open(test_file, encoding="utf-8", errors="replace") as f:
         tree = ast.parse(f.read(), test_file)
-    script = any(_is_main_block(node) for node in tree.body)
+    example = not _is_test_file(test_file) and not _has_tests(tree)  # examples/hello.py
+    script = example or any(_is_main_block(node) for node in tree.body)
     with _repository_view(finder.repo), pretend:
-        if _has_tests(tree) or not script:
+        if not example and (_has_tests(tree) or not script):
             # --assert=plain: test modules load through the finder, which disarms their asserts
             tb = os.environ.get("KMINER_RECORD_TB", "no")  # `short` to see why a file fails
             options = [
@@ -883,7 +937,8 @@ def main(argv: list[str]) -> int:
             ]
             pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
         if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
-            _run_script(test_file, tree)  # main block calls (pytest finds no fixture `Group`)
+            left = RECORD_BUDGET_S - (time.monotonic() - started)  # main block calls (pytest
+            _run_script(test_file, tree, max(left, 1.0))  # finds no fixture `Group`)
         log.begin()
     calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
     torch.save({"calls": calls, "refs": refs}, out)
