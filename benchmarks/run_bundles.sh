@@ -12,7 +12,7 @@ end=$(( $(date +%s) + ${1:-570} ))
 jobs_max=${JOBS:-3}
 
 run_one() {  # bundle path
-  local b=$1 name dir left start out resume=()
+  local b=$1 name dir left start out log resume=()
   name=$(basename "$b" .tar.gz)
   left=$(( end - $(date +%s) ))
   [ "$left" -lt 30 ] && { echo "$name: not started (time)"; return; }
@@ -22,9 +22,10 @@ run_one() {  # bundle path
     cp ".device/$name.partial.json" "$out" && resume=(--resume)
   fi
   start=$(date +%s)
-  (cd "$dir" && timeout -k 5 "$left" python3 run.py --out "$out" "${resume[@]}" >run.log 2>&1)
+  log="${out%_native.json}.log"  # beside the results: a bundle cut short still tells why
+  (cd "$dir" && timeout -k 5 "$left" python3 run.py --out "$out" "${resume[@]}" >"$log" 2>&1)
   echo "$name: exit $? in $(( $(date +%s) - start )) s"
-  tail -n 2 "$dir/run.log"
+  tail -n 2 "$log"
 }
 
 for b in .device/*.tar.gz; do

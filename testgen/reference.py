@@ -70,6 +70,7 @@ class Located:
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
     via: str  # the function whose arguments the CPU function takes (device_fn, op function)
+    template_args: str = ""  # the call site's explicit ones (`cpu_BatchNorm<float>(...)`)
 
 
 class RepoRefs:
@@ -230,6 +231,10 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
             if _twin_of(ref, on_path) or same:
                 found = attempt("direct", ref, path, call_args(refs.body(caller), ref))
                 if found:
+                    explicit = re.search(
+                        rf"\b{re.escape(ref)}\s*<([^<>();]*)>\s*\(", refs.body(caller)
+                    )
+                    found.template_args = explicit.group(1).strip() if explicit else ""
                     return found
     for path in paths:  # 3. a twin with the same parameters
         name = path[-1].names[0]
@@ -321,13 +326,14 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     _, body = render_host_code(closure, refs.disc.models)
     ns = [n for n in loc.cpu.namespace if n and not n.startswith("extern")]  # not anonymous
     cpu = "::".join((*ns, loc.cpu.names[0]))
+    called = f"{cpu}<{loc.template_args}>" if loc.template_args else cpu  # T not from `double eps`
     overloads = sum(
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
     code, target = adapter(
         loc.exposed,
-        cpu,
+        called,
         loc.args,
         refs.index.enums,
         refs.signature(loc.cpu) if overloads == 1 else None,

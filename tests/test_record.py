@@ -227,3 +227,21 @@ def test_the_save_budget_is_shared_by_every_function(monkeypatch):
     # the reference is kept with its partner, renumbered to its place among the kept calls
     assert len(refs) == 1 and kept[refs[0][5][0]][0] == "update"
     assert sum(record_log._bytes(c) for c in kept) + record_log._bytes(refs[0][:5]) <= 4000
+
+
+def test_examples_give_the_calls_no_test_makes(gpu_repo, tmp_path):
+    """A repository's example scripts are the second source: they run statement by statement
+    (a failing one does not stop the rest), with the package's plain values and its compiled
+    submodule answering as attributes, for the ops its tests never call."""
+    from testgen.inputs import repo_example_files
+
+    repo = gpu_repo[0]
+    assert [p.relative_to(repo).as_posix() for p in repo_example_files(repo)] == [
+        "examples/demo.py"
+    ]
+    calls = record_repo_calls(repo, tmp_path / "cache", {"only_in_example", "segment_sum"})
+    (call,) = calls["only_in_example"]
+    assert call.test_file == "examples/demo.py"
+    assert call.args[0].shape == (2, 3) and call.args[1] == 2
+    # an op the tests call is not recorded again from the examples
+    assert all(c.test_file.startswith("tests/") for c in calls.get("segment_sum", []))

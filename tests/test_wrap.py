@@ -361,3 +361,35 @@ def test_the_adapted_label_builds(tmp_path):
     )
     result = build_batch([("adapted", label.text)])["adapted"]
     assert result.ok, result.detail
+
+
+def test_a_cpu_namesake_of_the_launcher_is_no_caller_of_it(tmp_path):
+    """SparseConvNet defines `BatchNormalization_ForwardPass` in CPU/ and in CUDA/: the CPU
+    op calls its own, so it must not lead the wrapper up to the CPU build's binding (a label
+    that never launches its kernel)."""
+    from miner.discover import discover
+    from wrappers.mined import LauncherIndex
+
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cpu" / "bn.cpp").write_text(
+        "template <typename T> void forward_pass(T *x, int n) { for (int i = 0; i < n; i++) "
+        "x[i] *= 2; }\n"
+        "template <typename T> void cpu_bn(T *x, int n) { forward_pass<T>(x, n); }\n"
+    )
+    (tmp_path / "cuda" / "bn.cu").write_text(
+        "template <typename T> __global__ void k(T *x, int n) { x[threadIdx.x] *= 2; }\n"
+        "template <typename T> void forward_pass(T *x, int n) { k<T><<<1, n>>>(x, n); }\n"
+        "template <typename T> void cuda_bn(T *x, int n) { forward_pass<T>(x, n); }\n"
+    )
+    disc = discover(tmp_path)
+    index = LauncherIndex(disc)
+    items = {
+        (f, it.names[0]): it
+        for f, m in disc.models.items()
+        for it in m.items
+        if it.kind == "function" and it.names
+    }
+    launcher = items[("cuda/bn.cu", "forward_pass")]
+    assert index.calls_its_own(items[("cpu/bn.cpp", "cpu_bn")], "forward_pass", launcher)
+    assert not index.calls_its_own(items[("cuda/bn.cu", "cuda_bn")], "forward_pass", launcher)

@@ -59,6 +59,15 @@ class LauncherIndex:
                         self.callers.setdefault(ref, []).append(item)
         self.enums = frozenset(enums)
 
+    def calls_its_own(self, caller: Item, name: str, item: Item) -> bool:
+        """Whether `caller` calls another function named `name` than `item`: one defined in
+        its own file (C++ finds that one; a CPU twin's helper shares the CUDA one's name)."""
+        model = self.disc.models.get(caller.file)
+        return model is not None and any(
+            it is not item and it.kind == "function" and not it.device and it.names[:1] == (name,)
+            for it in model.items
+        )
+
     def enclosing(self, file: str, line: int) -> Item | None:
         """The top-level host item (function, or struct holding a functor) around a line."""
         model = self.disc.models.get(file)
@@ -176,6 +185,8 @@ def exposed_for(
                 return item, chain
             for name in item.names[:1]:
                 for caller in _nearest_first(index.callers.get(name, []), launcher.file):
+                    if index.calls_its_own(caller, name, item):
+                        continue  # `BatchNormalization_ForwardPass` in CPU/ and in CUDA/
                     if id(caller) not in seen and caller.file.endswith(HOST_SUFFIXES):
                         seen.add(id(caller))
                         nxt.append((caller, [*chain, caller.names[0] if caller.names else "?"]))
