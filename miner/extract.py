@@ -20,6 +20,24 @@ from miner.unit import RenderedUnit, render_unit
 TU_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
 
 
+def including_unit(
+    graph: dict[str, set[str]],
+    reach: dict[str, set[str]],
+    file: str,
+    preferred: list[str] = (),
+    allowed=lambda source: True,
+) -> str | None:
+    """The first source (of `preferred`, then any `allowed` one) that compiles `file` by
+    `#include` (SparseConvNet's CUDA/*.cu inside cuda.cu, its CPU/*.cpp inside
+    sparseconvnet_cpu.cpp); `reach` caches what each source reaches."""
+    files = [f for f in preferred if f.endswith(TU_SUFFIXES)]
+    files += sorted(f for f in graph if f.endswith(TU_SUFFIXES))
+    for f in dict.fromkeys(files):
+        if f != file and allowed(f) and file in reachable(graph, f, reach):
+            return f
+    return None
+
+
 @dataclass
 class Extracted:
     closure: Closure
@@ -46,12 +64,7 @@ class Extractor:
 
     def including_unit(self, file: str, preferred: list[str] = ()) -> str | None:
         """The first source (of `preferred`, then any) that compiles `file` by `#include`."""
-        files = [f for f in preferred if f.endswith(TU_SUFFIXES)]
-        files += sorted(f for f in self.graph if f.endswith(TU_SUFFIXES))
-        for f in dict.fromkeys(files):
-            if f != file and file in reachable(self.graph, f, self._reach):
-                return f
-        return None
+        return including_unit(self.graph, self._reach, file, preferred)
 
     def context_linear(self, file: str):
         """The linear view of the source that includes `file`, or None (see including_unit)."""

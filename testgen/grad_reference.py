@@ -107,23 +107,24 @@ class _Plan:
         read = {src[1] for src in p.params.values() if src[0] == "arg"}
         self.leaves = sorted(read)  # forward positions whose gradient may be asked
         self.written = {t[1]: j for j, t in enumerate(p.outputs) if t and t[0] == "arg"}
+        self.output_of = self._outputs_by_parameter()
 
-    def _output_of(self) -> list:
+    def _place(self, fwd_param: str) -> int:
+        """Where the output the forward writes into `fwd_param` is in `out_targets`."""
+        return self.out_targets.index(self.written[self.fwd.index(fwd_param)])
+
+    def _outputs_by_parameter(self) -> list:
         """For each backward parameter that is an output gradient, the forward output (its
         place in `out_targets`) it is the gradient of: the one it names, else the next
-        floating output no other names."""
-        named = {
-            self.out_targets.index(self.written[self.fwd.index(r[1])])
-            for r in self.roles
-            if r[0] == "out_grad" and len(r) > 1
-        }
+        output no other names (-1: none left); None for the other parameters."""
+        named = {self._place(r[1]) for r in self.roles if r[0] == "out_grad" and len(r) > 1}
         free = [j for j in range(len(self.out_targets)) if j not in named]
         found = []
         for r in self.roles:
             if r[0] != "out_grad":
                 found.append(None)
             elif len(r) > 1:
-                found.append(self.out_targets.index(self.written[self.fwd.index(r[1])]))
+                found.append(self._place(r[1]))
             else:
                 found.append(free.pop(0) if free else -1)
         return found
@@ -133,11 +134,11 @@ class _Plan:
         order) are `outs`; an output the call did not ask for (None) has no gradient."""
         import torch
 
-        if -1 in self._output_of():
+        if -1 in self.output_of:
             return None
         gen = torch.Generator().manual_seed(seed)
         args, given = [], 0
-        for role, j in zip(self.roles, self._output_of(), strict=True):
+        for role, j in zip(self.roles, self.output_of, strict=True):
             k = self.fwd.index(role[1]) if len(role) > 1 and role[0] != "out_grad" else None
             if role[0] == "input":
                 w = self.written.get(k)
@@ -163,7 +164,7 @@ class _Plan:
     def _written_order(self) -> list:
         """(forward position, place of its output in `out_targets` when a backward parameter
         is its gradient, else None) for each output the forward writes into an argument."""
-        asked = set(self._output_of())
+        asked = set(self.output_of)
         places = ((k, self.out_targets.index(j)) for k, j in sorted(self.written.items()))
         return [(k, j if j in asked else None) for k, j in places]
 
@@ -183,7 +184,7 @@ class _Plan:
                 fexpr.append("None")  # an optional output no paired call asked for
             else:
                 return ""
-        by_output = dict(zip(self._output_of(), self.bwd, strict=True))
+        by_output = dict(zip(self.output_of, self.bwd, strict=True))
         out_grads = [by_output.get(j, "None") for j in range(len(self.out_targets))]
         # the gradients it writes, by name; else those it returns, in the forward's order
         wanted = [self.fwd.index(g) for g in self.grads] or "leaves"

@@ -88,11 +88,12 @@ EXAMPLE_DIRS = {"examples", "example", "demo", "demos", "benchmarks", "benchmark
 MAX_EXAMPLES = 12  # example scripts recorded per run at most (each may cost the whole budget)
 
 
-def repo_example_files(repo: Path) -> list[Path]:
+def repo_example_files(repo: Path, tests: list[Path] | None = None) -> list[Path]:
     """The repository's example and benchmark scripts (a folder named examples/, demo/,
     benchmarks/...): the second source of inputs, for ops its tests never call (SparseConvNet
-    has no tests, only `examples/hello-world.py`). Test files are not among them."""
-    tests = set(repo_test_files(repo))
+    has no tests, only `examples/hello-world.py`). Test files (`tests`, found when not given)
+    are not among them."""
+    tests = set(repo_test_files(repo) if tests is None else tests)
     found = set()
     for p in repo.rglob("*.py"):
         rel = p.relative_to(repo).parts
@@ -174,10 +175,8 @@ def record_repo_calls(
         mentions = _mentions(wanted)
         words = _wrapper_names(repo, wanted, set(tests))
     for path in tests:
-        if wanted is not None:
-            text = path.read_text("utf-8", errors="replace")
-            if not any(name in text for name in mentions) and not words & _words(text):
-                continue
+        if wanted is not None and not _mentioned(path, mentions, words):
+            continue
         found, refs = record_file(repo, path, cache_dir, built)
         for call in found:
             calls.setdefault(call.function, []).append(call)
@@ -187,7 +186,7 @@ def record_repo_calls(
     missing = wanted - set(calls) if wanted is not None else None
     if missing == set() or (missing is None and calls):
         return calls
-    scripts = repo_example_files(repo)
+    scripts = repo_example_files(repo, tests)
     if missing is not None:
         mentions, words = _mentions(missing), _wrapper_names(repo, missing, set(tests))
         scripts = [p for p in scripts if _mentioned(p, mentions, words)]

@@ -28,10 +28,10 @@ from miner.candidate import Candidate, Reference
 from miner.closure import Closure, compute_closure
 from miner.cpp_expr import MacroEnv
 from miner.discover import discover
-from miner.extract import TU_SUFFIXES
+from miner.extract import including_unit
 from miner.filemodel import Item
 from miner.includes import IncludeResolver, exists_on_system, is_torch_header
-from miner.launches import include_graph, reachable
+from miner.launches import include_graph
 from miner.linearize import Linearizer
 from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
@@ -99,14 +99,10 @@ class RepoRefs:
         """The CPU-side linear view of the source that compiles `file` by `#include` (a unity
         build: SparseConvNet's CPU/*.cpp inside sparseconvnet_cpu.cpp, after the header that
         says `using Int = int32_t;`), or None when `file` is compiled alone."""
-        for f in sorted(f for f in self._graph if f.endswith(TU_SUFFIXES)):
-            if (
-                f != file
-                and not _GPU_DIR.search(f)
-                and file in reachable(self._graph, f, self._reach)
-            ):
-                return self.linearizer.linear(f)
-        return None
+        unit = including_unit(
+            self._graph, self._reach, file, allowed=lambda f: not _GPU_DIR.search(f)
+        )
+        return self.linearizer.linear(unit) if unit else None
 
     def body(self, item: Item) -> str:
         return self.disc.models[item.file].code[item.start : item.end]

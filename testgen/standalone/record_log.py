@@ -258,23 +258,22 @@ def _within_budget(calls: list, refs: list) -> tuple[list, list]:
     gives its large update calls); partners renumbered."""
     left = SAVE_BUDGET
     kept: set[int] = set()
+    size = [_bytes(c) for c in calls]
+    ref_size = [_bytes(r[:5]) for r in refs]
     by_function: dict[str, list[int]] = {}
-    for k in sorted(range(len(calls)), key=lambda k: _bytes(calls[k])):
+    for k in sorted(range(len(calls)), key=size.__getitem__):
         by_function.setdefault(calls[k][0], []).append(k)
     by_ref: dict[tuple, list[int]] = {}
-    for i in sorted(range(len(refs)), key=lambda i: _bytes(refs[i][:5])):
+    for i in sorted(range(len(refs)), key=ref_size.__getitem__):
         by_ref.setdefault(tuple(refs[i][:2]), []).append(i)
     taken_refs = []
 
     def take(k: int) -> bool:
         nonlocal left
-        if k not in kept:
-            size = _bytes(calls[k])
-            if size > left:
-                return False
+        if k not in kept and size[k] <= left:
             kept.add(k)
-            left -= size
-        return True
+            left -= size[k]
+        return k in kept
 
     rounds = max([len(v) for v in (*by_function.values(), *by_ref.values())], default=0)
     for r in range(rounds):
@@ -282,13 +281,13 @@ def _within_budget(calls: list, refs: list) -> tuple[list, list]:
             if r < len(ks):
                 take(ks[r])
         for found in by_ref.values():
-            if r >= len(found):
+            i = found[r] if r < len(found) else None
+            if i is None or ref_size[i] > left:
                 continue
-            ref = refs[found[r]]
-            size = _bytes(ref[:5])
-            if size <= left and sum(take(k) for k in ref[5]) and size <= left:
-                left -= size
-                taken_refs.append(found[r])
+            partners = [take(k) for k in refs[i][5]]  # each tried, so all may come along
+            if any(partners) and ref_size[i] <= left:
+                left -= ref_size[i]
+                taken_refs.append(i)
     number = {k: i for i, k in enumerate(sorted(kept))}
     out_refs = []
     for i in sorted(taken_refs):

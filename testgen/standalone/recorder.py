@@ -207,7 +207,7 @@ class _Package(types.ModuleType):
     imported from there when first asked for."""
 
     def __getattr__(self, attr):
-        exports, stars = self._exports()
+        exports, stars, _ = self._exports()
         resolving = self.__dict__.setdefault("_kminer_resolving", set())
         if attr in resolving or (attr.startswith("__") and attr not in exports):
             raise AttributeError(attr)
@@ -232,7 +232,7 @@ class _Package(types.ModuleType):
                 found = importlib.import_module(f"{self.__name__}.{module}")
                 if hasattr(found, attr):
                     return getattr(found, attr)
-        constants = self.__dict__.get("_kminer_constants", {})
+        constants = self._exports()[2]
         if attr in constants:  # `forward_pass_multiplyAdd_count = 0`: a counter its ops bump
             return constants[attr]
         if self._submodule(attr):  # `scn.SCN`: the compiled extension its __init__ imports
@@ -265,7 +265,7 @@ class _Package(types.ModuleType):
         except (OSError, SyntaxError, ValueError):
             tree = ast.Module(body=[], type_ignores=[])
         prefix = self.__name__ + "."
-        constants = self.__dict__.setdefault("_kminer_constants", {})
+        constants = {}
         for node in tree.body:  # plain values its __init__ sets (counters, flags, versions)
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 with contextlib.suppress(ValueError, TypeError, SyntaxError, AttributeError):
@@ -286,8 +286,8 @@ class _Package(types.ModuleType):
                     exports[alias.asname or alias.name] = (alias.name, None)
                 else:
                     exports.setdefault(alias.asname or alias.name, (module, alias.name))
-        self.__dict__["_kminer_exports"] = (exports, stars)
-        return exports, stars
+        self.__dict__["_kminer_exports"] = (exports, stars, constants)
+        return exports, stars, constants
 
 
 @functools.cache
@@ -635,8 +635,9 @@ def _run_script(path: str, tree: ast.Module, seconds: float = RECORD_BUDGET_S) -
         elif not _is_test_file(path) and not isinstance(
             node, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
         ):
-            node = _each_a_test(go_on.guard([node]))  # an example's top-level statement
-        body += node if isinstance(node, list) else [node]
+            body += _each_a_test(go_on.guard([node]))  # an example's top-level statement
+            continue
+        body.append(node)
     tree.body = body
     code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
     sys.argv = [path]
@@ -844,7 +845,7 @@ def _cut_after(seconds: float) -> None:
         return
 
     def cut(signum, frame):
-        raise _OutOfTime(f"kminer: a test ran past its {TEST_SHARE_S:.0f} s share")
+        raise _OutOfTime(f"kminer: past its {seconds:.0f} s")
 
     signal.signal(signal.SIGALRM, cut if seconds else signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, seconds)
