@@ -3,13 +3,15 @@
 # time budget, resuming where an earlier call stopped: a bundle NAME.tar.gz whose partial
 # results were carried back as .device/NAME.partial.json runs only the tests they lack.
 # Bundles run side by side (JOBS at a time, default 3): the box has 16 cores and a test's time
-# is mostly one nvcc process, so device time goes further than running them one after another.
+# is mostly one nvcc process, so device time goes further than running them one after another;
+# the cores are shared out between them (--jobs), so three bundles never run 3 x 16 nvcc at once.
 #   usage: [JOBS=n] benchmarks/run_bundles.sh SECONDS     results: $OUT/NAME_native.json
 set -u
 OUT=${OUT:-$PWD/bundles-out}
 mkdir -p "$OUT"
 end=$(( $(date +%s) + ${1:-570} ))
 jobs_max=${JOBS:-3}
+builds=$(( $(nproc) / jobs_max )); [ "$builds" -lt 1 ] && builds=1  # nvcc slots of each bundle
 
 run_one() {  # bundle path
   local b=$1 name dir left start out log resume=()
@@ -23,7 +25,7 @@ run_one() {  # bundle path
   fi
   start=$(date +%s)
   log="${out%_native.json}.log"  # beside the results: a bundle cut short still tells why
-  (cd "$dir" && timeout -k 5 "$left" python3 run.py --out "$out" "${resume[@]}" >"$log" 2>&1)
+  (cd "$dir" && timeout -k 5 "$left" python3 run.py --jobs "$builds" --out "$out" "${resume[@]}" >"$log" 2>&1)
   echo "$name: exit $? in $(( $(date +%s) - start )) s"
   tail -n 2 "$log"
 }

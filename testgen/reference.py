@@ -40,7 +40,7 @@ from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_a
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
 from wrappers.opmap import TWINS
-from wrappers.signature import Signature, parse_signature
+from wrappers.signature import Signature, parse_signature, specialized
 
 _REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _CPU_WORD = re.compile(r"cpu|CPU|Cpu")
@@ -173,6 +173,8 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
     sig = refs.signature(e_item) if e_item else None
     if sig is None:
         return f"no label function to match: {exposed or 'no wrapper'} has no definition"
+    if sig.template:  # the instantiation the label binds
+        sig.template_args = refs.index.instantiation(sig.name)
     params = [n for _, n in sig.params]
     if not all(params):
         return f"{exposed} has unnamed parameters"
@@ -198,10 +200,11 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
         if isinstance(mapped, str):
             reasons.append(mapped)
             return None
-        if sig.template:
+        plain = specialized(sig) if sig.template else sig
+        if plain is None:
             reasons.append(f"{cpu} found, but {exposed} is a function template: no adapter")
             return None
-        return Located(mechanism, item, sig, mapped, bridge.names[0])
+        return Located(mechanism, item, plain, mapped, bridge.names[0])
 
     for path in paths:  # 1. the registry: <key> has a CUDA function on the chain and a CPU one
         name = path[-1].names[0]

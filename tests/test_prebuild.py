@@ -80,6 +80,17 @@ def test_batches_write_a_record_per_source_and_reuse_them(tmp_path):
     assert again.batches == []  # every source already has its record
 
 
+def test_heavy_sources_get_a_batch_each_built_first(tmp_path):
+    files = sources(tmp_path, {f"l{i}.cu": f"int f() {{ return {i}; }}" for i in range(6)})
+    heavy = set(files[4:])
+    fake = FakeCompiler()
+    state = prebuild.prebuild(files, tmp_path / "store", 1, 60, compile_fn=fake, heavy=heavy)
+    assert set(state.values()) == {"built"}
+    keys = [f"d{prebuild.digest(f.read_bytes())}" for f in files]
+    # one worker runs them in order: each heavy source alone, then the light ones together
+    assert fake.batches == [[keys[4]], [keys[5]], sorted(keys[:4])]
+
+
 def test_blamed_member_leaves_the_batch_and_the_rest_is_rebuilt(tmp_path):
     files = sources(
         tmp_path,

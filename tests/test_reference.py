@@ -243,3 +243,25 @@ def test_a_cpu_function_that_only_raises_is_no_reference(refrepo, tmp_path):
     cand = candidate(refrepo, "stub_square_kernel")
     reason = find_reference(cand, REFREPO, tmp_path, refrepo[3])
     assert reason == "stub_square_cpu only raises: the repository has no CPU implementation"
+
+
+def test_a_function_template_is_matched_at_the_instantiation_its_label_binds():
+    """SparseConvNet binds `cuda_AffineReluTrivialConvolution_updateOutput<float>`: its CPU twin
+    is called through the plain signature at that instantiation."""
+    from wrappers.signature import specialized
+
+    code = "template <typename T, Int K = 4>\ndouble f(at::Tensor &x, T alpha, T *p, Int n) {}"
+    sig = parse_signature(code, "f")
+    assert sig.template and sig.params[1] == ("T", "alpha")
+    sig.template_args = "float, 8"
+    plain = specialized(sig)
+    assert plain.template == "" and plain.qualified == "f<float, 8>"
+    assert plain.params == [
+        ("at::Tensor &", "x"),
+        ("float", "alpha"),
+        ("float *", "p"),
+        ("Int", "n"),
+    ]
+    assert plain.returns == "double"
+    sig.template_args = "float"  # one argument for two parameters: no instantiation to take
+    assert specialized(sig) is None

@@ -97,7 +97,7 @@ def make_workdir(wd: Path) -> Path:
             cands.append(cand)
             continue
         cand.set_stage(StageName.COMPILE, ok)
-        cand.set_stage(StageName.BUILD, ok)
+        cand.set_stage(StageName.BUILD, StageResult(status=Status.OK, seconds=61.25 * (cid == "a")))
         cand.wrapper = Wrapper(strategy="mined", label_path=f"labels/{cid}.cu", label_hash=cid)
         if label:
             shutil.copy(FAKE / f"{label}.cu", wd / cand.wrapper.label_path)
@@ -256,6 +256,7 @@ def test_bundle_writes_the_candidates_with_tests(wd, tmp_path):
         manifest = json.load(tar.extractfile("B/manifest.json"))
     assert [e["id"] for e in manifest] == ["a", "b", "w"]
     assert [v["kind"] for v in manifest[0]["variants"]] == ["off_by_one", "no_write"]
+    assert [e.get("build_s") for e in manifest] == [61.2, None, None]  # measured where mined
     assert {"B/run.py", "B/tests/w.py", "B/references/w.cpp", "B/labels/b.cu"} <= names
     assert not any("/n" in n or n.endswith("/u.cu") for n in names)
 

@@ -393,3 +393,23 @@ def test_a_cpu_namesake_of_the_launcher_is_no_caller_of_it(tmp_path):
     launcher = items[("cuda/bn.cu", "forward_pass")]
     assert index.calls_its_own(items[("cpu/bn.cpp", "cpu_bn")], "forward_pass", launcher)
     assert not index.calls_its_own(items[("cuda/bn.cu", "cuda_bn")], "forward_pass", launcher)
+
+
+def test_a_call_inside_a_local_macro_is_a_call_of_the_function_using_it(tmp_path):
+    """SparseConvNet's `bn_f` calls its launcher once per tile size through a `#define` in the
+    same file: the call is in the macro's text, and the caller is the function that uses it."""
+    from miner.discover import discover
+    from wrappers.mined import LauncherIndex
+
+    (tmp_path / "bn.cu").write_text(
+        "template <typename T, int N> __global__ void k(T *x, int n) { x[threadIdx.x] *= N; }\n"
+        "template <typename T, int N> void forward_pass(T *x, int n) { k<T, N><<<1, n>>>(x, n); }\n"
+        "#define CALL(N) forward_pass<T, N>(x, n);\n"
+        "#define TILE(N) if (n % N == 0) { CALL(N) }\n"
+        "template <typename T> void bn_f(T *x, int n) {\n"
+        "  TILE(4)\n  else TILE(2) else TILE(1)\n}\n"
+        "template <typename T> void other(T *x, int n) { x[0] = 1; }\n"
+    )
+    index = LauncherIndex(discover(tmp_path))
+    callers = {it.names[0] for it in index.callers["forward_pass"]}
+    assert "bn_f" in callers and "other" not in callers

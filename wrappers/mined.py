@@ -43,6 +43,17 @@ class MinedWrapper:
         return [Exposed(s.name, s.reference(self.enums)) for s in self.exposed]
 
 
+def _expanded(refs: frozenset[str], macros: dict[str, frozenset[str]]) -> set[str]:
+    """`refs` with the names used by the macros of the file they name, and by theirs: a host
+    function that calls its launcher from a local `#define` (one call per tile size) calls it."""
+    seen, todo = set(refs), [r for r in refs if r in macros]
+    while todo:
+        new = macros[todo.pop()] - seen
+        seen |= new
+        todo += [r for r in new if r in macros]
+    return seen
+
+
 class LauncherIndex:
     """Host functions and who calls whom, by name, over the whole repository."""
 
@@ -51,11 +62,12 @@ class LauncherIndex:
         self.callers: dict[str, list[Item]] = {}
         enums: set[str] = set()
         for model in disc.models.values():
+            macros = {it.names[0]: it.refs for it in model.items if it.kind == "macro"}
             for item in model.items:
                 if item.kind in ("type", "typedef") and item.names and _is_enum(model, item):
                     enums.add(item.names[0] if item.kind == "type" else item.names[-1])
                 if item.kind in ("function", "macro_use") and not item.device:
-                    for ref in item.refs:
+                    for ref in _expanded(item.refs, macros):
                         self.callers.setdefault(ref, []).append(item)
         self.enums = frozenset(enums)
 

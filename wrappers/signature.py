@@ -66,6 +66,28 @@ class Signature:
         return f"[]({', '.join(decl)}) {{ {ret}{target}({', '.join(call)}); }}"
 
 
+def specialized(sig: Signature) -> Signature | None:
+    """The function template at the instantiation its label binds (`f<float>`), as a plain
+    signature: what a caller of the bound function passes. None when there is none to take."""
+    head = sig.template[sig.template.find("<") + 1 : sig.template.rfind(">")]
+    names = [re.findall(r"[A-Za-z_]\w*", p.split("=")[0])[-1:] for p in split_top(head)]
+    args = split_top(sig.template_args)
+    if not sig.template_args or not all(names) or len(names) != len(args):
+        return None
+    subst = {n[0]: a.strip() for n, a in zip(names, args, strict=True)}
+    word = re.compile(r"\b(" + "|".join(map(re.escape, subst)) + r")\b")
+
+    def put(text: str) -> str:
+        return word.sub(lambda m: subst[m.group(1)], text)
+
+    return Signature(
+        sig.name,
+        sig.qualified + f"<{sig.template_args}>",
+        put(sig.returns),
+        [(put(t), n) for t, n in sig.params],
+    )
+
+
 def parse_signature(code: str, name: str, namespace: tuple[str, ...] = ()) -> Signature | None:
     """Signature of the function `name` whose definition starts `code` (comments blanked)."""
     m = re.search(rf"(?<![\w:])(?:\w+::)*{re.escape(name)}\s*\(", code)

@@ -33,6 +33,10 @@ except ImportError:  # in a bundle: beside run.py
     from batching import BODY_BEGIN, BODY_END, batch_source, blame, split_label
 
 MAX_PER_BATCH = 12
+# a label whose build took this long where it was mined (its batch's share) instantiates so much
+# that batching saves nothing: the header parse a batch shares is a small part of its time, and
+# a batch of several such sources outlasts the time a GPU box is lent for
+HEAVY_BUILD_S = 60.0
 _LIVE: set[int] = set()  # supervisors of the batch builds under way (stop() ends them)
 _STOPPED = False
 _BUILD = """
@@ -131,14 +135,20 @@ def build_group(members, suffix, root: Path, timeout: float, compile_fn=compile_
 
 
 def prebuild(
-    sources: list[Path], store: Path, jobs: int, timeout: float, compile_fn=compile_batch
+    sources: list[Path],
+    store: Path,
+    jobs: int,
+    timeout: float,
+    compile_fn=compile_batch,
+    heavy: set[Path] = frozenset(),
 ) -> dict[str, str]:
     """Batch-build the sources that have no module file yet; write one per built source into
-    `store`. Returns {digest: "built" (now) | "cached" (by an earlier run) | "alone" (its test
-    builds it)} for the sources asked."""
+    `store`. The `heavy` ones get a batch each, started first. Returns {digest: "built" (now) |
+    "cached" (by an earlier run) | "alone" (its test builds it)} for the sources asked."""
     store.mkdir(parents=True, exist_ok=True)
     state: dict[str, str] = {}
     groups: dict[str, dict[str, bytes]] = {}
+    work = []
     for path in sources:
         text = path.read_bytes()
         key = digest(text)
@@ -148,9 +158,11 @@ def prebuild(
             state[key] = "cached"
         elif not batchable(text) or path.suffix not in (".cu", ".cpp"):
             state[key] = "alone"
+        elif path in heavy:
+            state[key] = "pending"
+            work.append(([(key, text)], path.suffix))
         else:
             groups.setdefault(path.suffix, {})[key] = text
-    work = []
     for suffix, members in groups.items():
         items = sorted(members.items())
         per = max(1, min(MAX_PER_BATCH, -(-len(items) // max(1, jobs))))

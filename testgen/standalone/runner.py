@@ -300,16 +300,20 @@ class Runner:
         store = self.bundle / ".build" / f"prebuilt-{_digest(extra=self.env_key)}"
         if self.args.rebuild and store.is_dir():  # the module files, not the other build folders
             shutil.rmtree(store)
-        paths = []
+        paths, heavy = [], set()
         for e in entries:  # alternates (a kind's later variants) build alone when needed
             if e.get("reference") and _takes_prebuilt(self.bundle / e["test"]):
                 firsts = [group[0]["path"] for _, group in _by_kind(e.get("variants") or [])]
                 paths += [e["label"], e["reference"], *firsts]
+                if float(e.get("build_s") or 0.0) >= prebuild.HEAVY_BUILD_S:
+                    heavy.update(self.bundle / p for p in (e["label"], *firsts))
         files = [self.bundle / p for p in paths if (self.bundle / p).is_file()]
         if not files:
             return
         start = time.monotonic()
-        state = prebuild.prebuild(files, store, self.args.jobs, self.args.build_timeout)
+        state = prebuild.prebuild(
+            files, store, self.args.jobs, self.args.build_timeout, heavy=heavy
+        )
         self.prebuilt = store
         self.prebuilt_state = state
         done = sum(v in ("built", "cached") for v in state.values())
