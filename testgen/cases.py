@@ -34,6 +34,7 @@ MAX_BASE_CALLS = 8
 MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test recorded at one)
 MAX_BINDING_CALLS = 4  # calls derived at the binding, then carried down (binding_variants)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
+MAX_FLAG_FLIPS = 3  # calls with a boolean argument the recorded calls never vary, flipped
 MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
@@ -499,6 +500,27 @@ def channel_tiling(
     return picked
 
 
+_NO_MODE = re.compile(r"verbose|debug|print|log|check|profil|sync|timing", re.IGNORECASE)
+
+
+def flag_flips(base: list[BaseCall], names: list[str] | None = None) -> list[tuple[int, list]]:
+    """The first call with one boolean argument flipped, for each boolean the recorded calls
+    never vary (a kernel launched only in the mode they never ask for, as batch norm's
+    inference pass under a training script, is reached at all); not a flag that only says how
+    much to print or check. The reference gets the same flag: a mode it refuses is invalid."""
+    names = names or [""] * len(base[0].args)
+    out = []
+    for i, a in enumerate(base[0].args):
+        name = names[i] if i < len(names) else ""
+        if not isinstance(a, bool) or _NO_MODE.search(name or ""):
+            continue
+        if all(i < len(b.args) and b.args[i] is a for b in base):
+            args = [*base[0].args]
+            args[i] = not a
+            out.append((i, args))
+    return out[:MAX_FLAG_FLIPS]
+
+
 def plan(
     base: list[BaseCall],
     dtypes: list[str],
@@ -514,8 +536,9 @@ def plan(
     if not base:
         return out
 
-    def add(cid, b, dtype=None, edge=None, tile=None):
-        out.cases.append({"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile})
+    def add(cid, b, dtype=None, edge=None, tile=None, flag=None):
+        case = {"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile}
+        out.cases.append(case | ({"flag": flag} if flag is not None else {}))
 
     for i, _ in enumerate(base):
         add(f"{'generated' if made else 'recorded'}_{i}", i)
@@ -544,6 +567,9 @@ def plan(
         shapes.add(shape_key(args))
         out.base.append(BaseCall(args, base[largest].origin, rows_of=largest, rows=m, more=True))
         add(f"random_rows{m}_of_{largest}", len(out.base) - 1)
+    for i, args in flag_flips(base, names):
+        out.base.append(BaseCall(args, base[0].origin, rows_of=0, derived=f"argument {i} flipped"))
+        add(f"flag{i}_flipped_of_0", len(out.base) - 1, flag=i)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

@@ -55,7 +55,10 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
     call = "generated call" if made else "recorded call"
     what = f"{call} {case['base']} from {base.origin}, tensors {shapes}"
-    if base.derived:
+    if case.get("flag") is not None:
+        what = f"{call} 0 ({base.origin}) with its boolean argument {case['flag']} flipped "
+        what += f"(a mode the recorded calls never ask for), tensors {shapes}"
+    elif base.derived:
         what = f"{call} {base.rows_of} ({base.origin}) with {base.derived} at the "
         what += f"binding `{base.call.function}`, carried down: tensors {shapes}"
     elif base.rows_of is not None and base.more:
@@ -117,7 +120,7 @@ def render_test(
             tolerances_py=pformat(TOLERANCES, width=92),
             cases_py=pformat(
                 [
-                    {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile")}
+                    {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag")}
                     for c in plan.cases
                 ],
                 width=92,

@@ -162,6 +162,7 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
     ids = [c["id"] for c in p.cases]
     assert ids == [
         "recorded_0",
+        "flag7_flipped_of_0",  # `aligned`, a mode the recorded call never varies
         "edge_zeros",
         "edge_negative",
         "edge_large",
@@ -171,7 +172,23 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
         "typical_float64",
     ]
     assert p.shapes == 4 and len(p.cases) >= 5
-    assert p.cases[4]["tile"] == {"args": [0, 2], "times": 3}
+    assert p.cases[5]["tile"] == {"args": [0, 2], "times": 3}
+
+
+def test_a_flag_the_recorded_calls_never_vary_is_flipped_once():
+    """SparseConvNet's batch norm is recorded under a training script only (train=True): its
+    inference kernel is reached by the same call with the flag flipped."""
+    x = torch.randn(6, 4)
+    calls = [BaseCall([x, torch.zeros(4), True, 0.1, False, True], "ex.py")]
+    calls.append(BaseCall([x[:3], torch.zeros(4), True, 0.2, True, True], "ex.py"))
+    names = ["input", "mean", "train", "eps", "relu", "verbose"]
+    p = plan(calls, ["float32"], names)
+    flips = [c for c in p.cases if c.get("flag") is not None]
+    assert [(c["id"], c["flag"]) for c in flips] == [("flag2_flipped_of_0", 2)]
+    flipped = p.base[flips[0]["base"]].args
+    assert flipped[2] is False and flipped[4] is False and flipped[5] is True  # only `train`
+    assert flipped[0] is x and p.base[0].args[2] is True  # the recorded call is unchanged
+    assert all(c.get("flag") is None for c in p.cases if c not in flips)
 
 
 def test_boxes_get_no_zeros_case():
@@ -730,3 +747,36 @@ def test_a_half_case_does_not_judge_indices_picked_among_near_ties(refrepo, tmp_
     far = [dist + 0.5, torch.tensor([0, 5, 2])]
     assert module._half_picks(far, want, "float16") == ""
     assert module._half_picks([dist.float()], [dist.float()], "float16") == ""  # no integers
+
+
+def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo, tmp_path):
+    """A case made by flipping a boolean: compared where the reference's result changes with
+    it; where it does not (the CPU code may ignore the mode), or where the label refuses the
+    mode, invalid with the reason, never a failure of the kernel."""
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case["flag"] = 2
+    base = [[torch.ones(4), torch.zeros(4), False]]  # recorded with True: the flipped call
+
+    def modal(x, out, train):
+        out.copy_(x * (2 if train else 3))
+
+    def blind(x, out, train):
+        out.copy_(x * 2)
+
+    label = SimpleNamespace(**{module.FUNCTION: modal})
+    assert module._run_case(case, base, label, SimpleNamespace(reference=modal))["ok"] is True
+    wrong = SimpleNamespace(**{module.FUNCTION: blind})
+    assert module._run_case(case, base, wrong, SimpleNamespace(reference=modal))["ok"] is False
+    ignored = module._run_case(case, base, label, SimpleNamespace(reference=blind))
+    assert ignored["ok"] is None and "same result with the flag either way" in ignored["note"]
+
+    def refuses(x, out, train):
+        raise RuntimeError("train must be false")
+
+    refused = module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: refuses}),
+                               SimpleNamespace(reference=modal))  # fmt: skip
+    assert refused["ok"] is None and "train must be false" in refused["note"]
