@@ -459,12 +459,30 @@ class _Walker:
         device = bool(tokens & {"__device__", "__global__"}) or bool(
             quals & {"__constant__", "__device__", "__shared__", "__managed__", "constexpr"}
         )
+        if is_function and "__global__" not in tokens and self.braced_body(decl):
+            return self.make_item("function", names, start, end, ns, device=device)
         if is_function:
             if "__global__" in tokens:
                 for n in names:
                     self.m.excluded_spans.append((start, end, n))
             return self.make_item("decl", names, start, end, ns, device=device)
         return self.make_item("variable", names, start, end, ns, device=device)
+
+    def braced_body(self, decl) -> bool:
+        """A function whose body the grammar read as a braced initializer: statements that
+        are macro calls (`TILE(4) else TILE(1)`) are no C++ it can parse, and it falls back
+        to a declaration `f(...) {...}`, which is a definition."""
+        declarators = decl.children_by_field_name("declarator")
+        if len(declarators) != 1 or declarators[0].type != "init_declarator":
+            return False
+        inner = declarators[0].child_by_field_name("declarator")
+        value = declarators[0].child_by_field_name("value")
+        return (
+            inner is not None
+            and inner.type == "function_declarator"
+            and value is not None
+            and value.type == "initializer_list"
+        )
 
     def owner_class(self, declarator: ts.Node | None) -> str:
         """`Foo` for an out-of-class member definition `T Foo<T>::get() {...}`."""
