@@ -202,3 +202,34 @@ def test_run_py_batches_builds_and_tests_import_them(refrepo, tmp_path):
     assert len(built) == 1, built
     stores = list((bundle / ".build").glob("prebuilt-*"))
     assert len(stores) == 1 and len(list(stores[0].glob("*.json"))) == 3
+
+
+def test_a_heavy_entry_has_all_its_variants_prebuilt_each_alone(tmp_path, monkeypatch):
+    """causal-conv1d's backward label takes minutes of nvcc: the alternates its test would
+    build one after another (when the first of a kind survives) are built up front, side by
+    side; a light entry's alternates still wait for their test."""
+    import argparse
+
+    from testgen.standalone import runner
+
+    asked = {}
+
+    def fake(files, store, jobs, timeout, compile_fn=None, heavy=frozenset()):
+        asked.update(files=[f.name for f in files], heavy=sorted(f.name for f in heavy))
+        return {}
+
+    monkeypatch.setattr(prebuild, "prebuild", fake)
+    entries = []
+    for cid, seconds in (("slow", 132.4), ("quick", 8.7)):
+        (tmp_path / f"{cid}.py").write_text("KMINER_PREBUILT\n")
+        names = [f"{cid}.cu", f"{cid}_ref.cpp"] + [f"{cid}.{n}.cu" for n in range(3)]
+        for name in names:
+            (tmp_path / name).write_text("//\n")
+        variants = [{"kind": k, "path": f"{cid}.{n}.cu"} for n, k in enumerate("aab")]
+        entries.append({"id": cid, "test": f"{cid}.py", "label": f"{cid}.cu",
+                        "reference": f"{cid}_ref.cpp", "variants": variants, "build_s": seconds})  # fmt: skip
+    args = argparse.Namespace(jobs=4, gpu_jobs=1, rebuild=False, build_timeout=60.0)
+    runner.Runner(tmp_path, args, [None]).prebuild(entries)
+    assert asked["heavy"] == ["slow.0.cu", "slow.1.cu", "slow.2.cu", "slow.cu"]
+    assert "slow.1.cu" in asked["files"] and "quick.1.cu" not in asked["files"]
+    assert {"quick.cu", "quick.0.cu", "quick.2.cu", "quick_ref.cpp"} <= set(asked["files"])

@@ -780,3 +780,34 @@ def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo
     refused = module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: refuses}),
                                SimpleNamespace(reference=modal))  # fmt: skip
     assert refused["ok"] is None and "train must be false" in refused["note"]
+
+
+def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_path):
+    """SparseConvNet's batch norm in inference mode: the CUDA pass leaves the saved statistics
+    as passed, the CPU twin rewrites them. The flipped case compares the output it writes; a
+    label that writes nothing at all is still judged (and fails)."""
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case["flag"] = 2
+    base = [[torch.ones(4), torch.zeros(4), False]]
+
+    def cpu(x, out, train):
+        out.copy_(x * (2 if train else 3))
+        x.fill_(7.0)  # rewrites a statistic in every mode
+
+    def gpu(x, out, train):
+        out.copy_(x * (2 if train else 3))
+        if train:
+            x.fill_(7.0)
+
+    ref = SimpleNamespace(reference=cpu)
+    assert module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: gpu}), ref)["ok"]
+    idle = SimpleNamespace(**{module.FUNCTION: lambda x, out, train: None})
+    assert module._run_case(case, base, idle, ref)["ok"] is False
+    recorded = {**case, "flag": None}  # a recorded case compares every output
+    assert module._run_case(recorded, base, SimpleNamespace(**{module.FUNCTION: gpu}), ref)[
+        "ok"
+    ] is False
