@@ -226,8 +226,8 @@ def test_a_heavy_entry_has_all_its_variants_prebuilt_each_alone(tmp_path, monkey
         for name in names:
             (tmp_path / name).write_text("//\n")
         variants = [{"kind": k, "path": f"{cid}.{n}.cu"} for n, k in enumerate("aab")]
-        entries.append({"id": cid, "test": f"{cid}.py", "label": f"{cid}.cu",
-                        "reference": f"{cid}_ref.cpp", "variants": variants, "build_s": seconds})  # fmt: skip
+        entry = {"id": cid, "test": f"{cid}.py", "label": f"{cid}.cu", "variants": variants}
+        entries.append(entry | {"reference": f"{cid}_ref.cpp", "build_s": seconds})
     args = argparse.Namespace(jobs=4, gpu_jobs=1, rebuild=False, build_timeout=60.0)
     runner.Runner(tmp_path, args, [None]).prebuild(entries)
     assert asked["heavy"] == ["slow.0.cu", "slow.1.cu", "slow.2.cu", "slow.cu"]

@@ -808,6 +808,7 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
     idle = SimpleNamespace(**{module.FUNCTION: lambda x, out, train: None})
     assert module._run_case(case, base, idle, ref)["ok"] is False
     recorded = {**case, "flag": None}  # a recorded case compares every output
-    assert module._run_case(recorded, base, SimpleNamespace(**{module.FUNCTION: gpu}), ref)[
-        "ok"
-    ] is False
+    assert (
+        module._run_case(recorded, base, SimpleNamespace(**{module.FUNCTION: gpu}), ref)["ok"]
+        is False
+    )
