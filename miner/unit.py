@@ -208,6 +208,20 @@ def _constant(arg: str, known: set[str]) -> bool:
     return bool(arg) and all(w in known or w in ("true", "false") for w in words)
 
 
+def _object_of(kdef: KernelDef, type_name: str, body: str) -> bool:
+    """Whether a kernel parameter of type `type_name` (or a pointer to one) is used as an
+    object: `table.insert(...)`, `view->size`."""
+    for ptype, pname, _ in kdef.params:
+        core = re.sub(r"\bconst\b|[*&\s]", "", ptype)
+        if (
+            pname
+            and core == type_name
+            and re.search(rf"\b{re.escape(pname)}\s*(?:\.|->)\s*[A-Za-z_]", body)
+        ):
+            return True
+    return False
+
+
 def _enum_first(type_text: str, closure: Closure) -> str | None:
     name = type_text.split("::")[-1].strip()
     for e in closure.entries:
@@ -233,8 +247,9 @@ def template_arguments(
         if kind == "template":
             return None
         if kind == "type":
-            if re.search(rf"\b{re.escape(name)}\s*::", body):  # Ktraits::kNThreads
-                return None  # a traits class, not an element type: no dtype stands in for it
+            if re.search(rf"\b{re.escape(name)}\s*::", body) or _object_of(kdef, name, body):
+                return None  # a traits class or an object's class (a hash table's device view
+                # whose members the kernel calls), not an element type: no dtype stands in
             literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
             if _INDEX_NAME.match(name):
                 value = literal or "int"

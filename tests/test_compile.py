@@ -174,6 +174,29 @@ def test_a_kernel_over_a_traits_class_compiles_as_a_template(tmp_path):
     assert result.status == Status.OK, result.log
 
 
+def test_a_kernel_over_an_object_type_compiles_as_a_template(tmp_path):
+    """torchsparse's kernel-map kernels take a hash table's device view of a template type and
+    call `table.insert(...)`: float cannot stand in for it (the element type can)."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "struct View { __device__ void insert(long k, long v) {} };\n"
+        "template <typename view_t, typename int_t>\n"
+        "__global__ void stage1(view_t table, int n, int_t *out) {\n"
+        "  int i = threadIdx.x; if (i < n) { out[i] = i; table.insert(i + 1, i); }\n}\n"
+        "template <typename T> __global__ void plain(T *x, int n) { x[threadIdx.x] = n; }\n"
+        "void run(long *o, float *x) {\n"
+        "  stage1<View, long><<<1, 32>>>(View(), 4, o); plain<float><<<1, 32>>>(x, 4);\n}\n"
+    )
+    disc = discover(tmp_path)
+    res, result = _compile(disc, Extractor(disc), "stage1")
+    assert res.unit.instantiations == [] and "kminer_inst_" not in res.unit.text
+    assert result.status == Status.OK, result.log
+    res, _ = _compile(disc, Extractor(disc), "plain")
+    assert res.unit.instantiations  # an element type still gets its dtypes
+
+
 @needs_nvcc
 def test_a_header_only_library_of_the_system_is_found_and_travels_in_bundles(tmp_path):
     """`#include <Eigen/Dense>` (lietorch's submodule, absent from a snapshot) is found in this
