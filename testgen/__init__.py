@@ -16,9 +16,11 @@ The pieces and the contract between them (every module relies on it):
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
   shapes, values of each parameter's kind, seeded); a backward the tests never call gets calls
   made from its forward's (`backward_calls`). Stage metric `cases_source`: mined|forward|rule|llm.
-  The repository's tests run under `standalone/recorder.py`, in the sandbox.
-- `cases`: the plan over the base calls (fewer rows, a larger drawn case, edge values, wider
-  channels, every dtype), embedded in the test with `torch.save`.
+  The repository's tests run under `standalone/recorder.py`, in the sandbox; `carry` takes a
+  recorded call of the Python binding down the op chain to the label's function.
+- `cases`: the plan over the base calls (fewer rows, a larger drawn case, a boolean mode the
+  recorded calls never vary, edge values, wider channels, every dtype), embedded in the test
+  with `torch.save`.
 - `wrappers/llm/turns.py`: the ask, check, feed-back loop both model steps share; every answer an
   attempt row (step `reference` or `inputs`).
 - `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from

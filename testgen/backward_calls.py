@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from testgen.argmap import call_args
-from testgen.cases import Unmappable, bind_call
+from testgen.carry import Unmappable, bind_call
 from testgen.grad_reference import _role, forward_of
 from testgen.inputs import RecordedCall
 from testgen.interp import evaluate, run_statements

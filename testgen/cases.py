@@ -1,12 +1,5 @@
-"""The cases of a kernel's test: the repository's own calls, carried down to the label's launcher.
-
-The repository's tests call its Python binding (mmcv: `roi_align_forward(input, rois, output,
-...)`); the label exposes the launcher further down (`ROIAlignForwardCUDAKernelLauncher`). Each
-call is carried down the op chain by reading every call on the way (`caller` passes these
-expressions to `callee`): a parameter passed on, a literal, `t.size(k)` and integer arithmetic
-are evaluated by a small interpreter over the recorded values (never Python's eval: the
-expressions are repository text). A chain that computes a launcher argument in a way the
-interpreter cannot follow gives no cases, and says which argument.
+"""The cases of a kernel's test: the repository's own calls, carried down to the label's launcher
+(testgen/carry.py), and the cases derived from them.
 
 From those base calls the plan derives the rest of the cases: every dtype the label instantiates
 (its AT_DISPATCH macro), and edge values (zeros, negatives, large magnitudes) in the first
@@ -18,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import re
 from dataclasses import dataclass, field
 
 from miner.candidate import Candidate
-from testgen.argmap import call_args
+from testgen.carry import bind_call, carry_down
 from testgen.inputs import RecordedCall
-from testgen.interp import Unmappable, evaluate, run_statements
+from testgen.interp import Unmappable
 from testgen.resize import conv_resize, more_rows, row_subsets
 from testgen.segments import more_segments, segment_subsets
 
@@ -36,7 +28,6 @@ MAX_BINDING_CALLS = 4  # calls derived at the binding, then carried down (bindin
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
 MAX_FLAG_FLIPS = 3  # calls with a boolean argument the recorded calls never vary, flipped
 MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
-_DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
 
@@ -58,216 +49,6 @@ class CasePlan:
     cases: list[dict] = field(default_factory=list)  # {"id", "base", "dtype", "edge"}
     dtypes: list[str] = field(default_factory=list)
     shapes: int = 0
-
-
-def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
-    """(caller, callee) pairs from the Python binding down to the exposed launcher; a callee
-    "DISPATCH:<fn>" is reached through a dispatch macro (mmcv's DISPATCH_DEVICE_IMPL)."""
-    op = cand.wrapper.op_map
-    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
-    if exposed == python_fn:  # the label binds the repository's own binding function
-        return []
-    chain = [f for f in op.get("chain", []) if f not in ("PYBIND11_MODULE", python_fn)]
-    if exposed in chain:
-        chain = chain[chain.index(exposed) :]
-    down = list(reversed(chain))  # device_fn ... exposed
-    if op.get("dispatch_key") and op.get("device_fn") == (down[0] if down else ""):
-        top = [python_fn, op["dispatch_key"], f"DISPATCH:{down[0]}"]
-        pairs = [(top[0], top[1]), (top[1], top[2])]
-        prev = down[0]
-    else:
-        pairs, prev = [], python_fn
-        if down and down[0] == python_fn:
-            down = down[1:]
-        if not down:
-            return []
-        pairs.append((python_fn, down[0]))
-        prev = down[0]
-    for callee in down[1:]:
-        pairs.append((prev, callee))
-        prev = callee
-    return pairs
-
-
-def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
-    """The `py::arg("...")` names of the binding that exposes `python_fn` to Python."""
-    pattern = re.compile(rf'\.def\s*\(\s*"{re.escape(python_fn)}"\s*,')
-    for model in refs.disc.models.values():
-        text = model.text  # string literals are blanked in `code`
-        m = pattern.search(text) if "py::arg" in text else None
-        if m is None:
-            continue
-        depth, end = 1, m.end()
-        while end < len(text) and depth:
-            depth += {"(": 1, ")": -1}.get(text[end], 0)
-            end += 1
-        return re.findall(r'py::arg\s*\(\s*"(\w+)"', text[m.end() : end])
-    return None
-
-
-def bind_call(call: RecordedCall, refs) -> tuple[list[str], dict]:
-    """The binding's parameter names and the recorded call's arguments by name (keywords
-    renamed through its py::arg list); Unmappable when the call does not fit."""
-    params = refs.params_of(call.function)
-    if params is None:
-        raise Unmappable(f"{call.function} has no definition in the repository")
-    bound = call.bind(params)
-    if bound is None and call.kwargs:  # keywords named by the binding's py::arg list
-        names = pybind_arg_names(refs, call.function)
-        if names and len(names) == len(params):
-            rename = dict(zip(names, params, strict=True))
-            renamed = {rename.get(k, k): v for k, v in call.kwargs.items()}
-            bound = RecordedCall(call.function, call.args, renamed).bind(params)
-    if bound is None:
-        raise Unmappable(f"the recorded call does not fit {call.function}({', '.join(params)})")
-    return params, bound
-
-
-def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
-    """The launcher's arguments for one recorded binding call; Unmappable when the chain
-    computes one in a way we cannot follow."""
-    python_fn = call.function
-    _, bound = bind_call(call, refs)
-    env = bound
-    steps = descent(cand, python_fn)
-    if not any(callee.startswith("DISPATCH:") for _, callee in steps):
-        steps = _called_path(refs, steps) or steps
-    for caller, callee in steps:
-        item = refs.definition(caller)
-        if item is None:
-            raise Unmappable(f"{caller} has no definition")
-        body = refs.body(item)
-        if callee.startswith("DISPATCH:"):
-            callee = callee.removeprefix("DISPATCH:")
-            m = _DISPATCH.search(body)
-            at = m.start() if m else None
-            args = call_args(body, m.group(0))[1:] if m else None
-        else:
-            body, env = _reach(refs, body, callee, env)
-            at = _call_at(body, callee) if body else None
-            args = call_args(body, callee) if body else None
-        env = run_statements(body or "", env, at)
-        callee_params = refs.params_of(callee)
-        if args is None or callee_params is None:
-            raise Unmappable(f"{caller} does not call {callee} in a way we can read")
-        if len(args) > len(callee_params):
-            raise Unmappable(f"{caller} passes {len(args)} arguments to {callee}")
-        new_env = {}
-        for p, a in zip(callee_params, args, strict=False):
-            try:
-                new_env[p] = evaluate(a, env)
-            except Unmappable as e:
-                raise Unmappable(f"{caller} passes `{a}` as {callee}'s `{p}`: {e}") from None
-        if len(new_env) < len(callee_params):
-            missing = callee_params[len(new_env)]
-            raise Unmappable(f"{caller} leaves {callee}'s `{missing}` to its default")
-        env = new_env
-    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
-    names = refs.params_of(exposed)
-    if names is None:
-        raise Unmappable(f"{exposed} has no definition")
-    if python_fn == exposed:
-        return [bound[n] for n in names]
-    return [env[n] for n in names]
-
-
-def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
-    """The steps through the same functions that follow calls the code makes. An op chain
-    merges every path to the launcher (im2col is reached from both `dcn_v2_cuda_forward` and
-    `dcn_v2_cuda_backward`), so its order can step from the forward into the backward; the
-    path kept is the first one, in the chain's order, on which each function mentions the next.
-    A caller that runs `K::apply(...)` (a C++ autograd Function) mentions what K's methods do.
-    None when there is none."""
-    if not steps:
-        return None
-    names = list(dict.fromkeys(n for step in steps for n in step))
-    start, goal = steps[0][0], steps[-1][1]
-    stack = [[start]]
-    while stack:
-        path = stack.pop()
-        if path[-1] == goal:
-            return list(itertools.pairwise(path))
-        item = refs.definition(path[-1])
-        body = refs.body(item) if item is not None else ""
-        body = body[max(body.find("{"), 0) :]
-        for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
-            body += _class_body(refs, klass) or ""
-        for name in reversed(names):
-            if name not in path and re.search(rf"(?<![\w.]){re.escape(name)}\b", body):
-                stack.append([*path, name])
-    return None
-
-
-def _call_at(body: str, callee: str) -> int | None:
-    m = re.search(rf"(?<![\w.>]){re.escape(callee)}\s*(?:<[^<>;{{}}]*>)?\s*\(", body)
-    return m.start() if m else None
-
-
-def _reach(refs, body: str, callee: str, env: dict, depth: int = 2) -> tuple[str | None, dict]:
-    """The body that calls `callee`, and `env` over its parameters: the caller itself, an
-    autograd Function's forward (`K::apply(...)`), or a helper the caller calls
-    (`modulated_deform_conv_forward` → `..._fallthrough` → the dispatch), `depth` levels."""
-    if call_args(body, callee) is not None:
-        return body, env
-    found, k_env = _through_apply(refs, body, callee, env)
-    if found is not None or depth == 0:
-        return found, k_env
-    for mid in dict.fromkeys(
-        re.findall(r"(?<![\w.>:])([A-Za-z_]\w*)\s*\(", body[body.find("{") :])
-    ):
-        item = refs.definition(mid)
-        params = refs.params_of(mid) if item is not None else None
-        mid_body = refs.body(item) if item is not None else ""
-        if not params or callee not in mid_body:
-            continue
-        args = call_args(body, mid)
-        here = run_statements(body, env, _call_at(body, mid))
-        try:
-            mid_env = {p: evaluate(a, here) for p, a in zip(params, args or [], strict=True)}
-        except (Unmappable, ValueError):
-            continue
-        found, out_env = _reach(refs, mid_body, callee, mid_env, depth - 1)
-        if found is not None:
-            return found, out_env
-    return None, env
-
-
-def _class_body(refs, name: str) -> str | None:
-    """The class's text as written (string literals kept: `"sum"` is an argument)."""
-    pattern = re.compile(rf"\b(?:class|struct)\s+{re.escape(name)}\b[^{{;]*\{{")
-    for model in refs.disc.models.values():
-        m = pattern.search(model.code)
-        if m is None:
-            continue
-        depth, end = 1, m.end()
-        while end < len(model.code) and depth:
-            depth += {"{": 1, "}": -1}.get(model.code[end], 0)
-            end += 1
-        return model.text[m.end() - 1 : end]
-    return None
-
-
-def _through_apply(refs, body: str, callee: str, env: dict) -> tuple[str | None, dict]:
-    """A caller that reaches `callee` through `K::apply(args)` (a torch autograd Function):
-    K's body, and `env` over K::forward's parameters (after the context)."""
-    for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
-        apply_args = call_args(body, f"{klass}::apply")
-        k_body = _class_body(refs, klass)
-        if apply_args is None or k_body is None or call_args(k_body, callee) is None:
-            continue
-        m = re.search(r"\bforward\s*\(([^)]*)\)", k_body)
-        if m is None:
-            continue
-        params = [p.strip().split()[-1].lstrip("*&") for p in m.group(1).split(",") if p.strip()]
-        params = params[1:]  # the AutogradContext
-        if len(params) != len(apply_args):
-            continue
-        here = run_statements(body, env, _call_at(body, f"{klass}::apply"))
-        try:
-            return k_body, {p: evaluate(a, here) for p, a in zip(params, apply_args, strict=True)}
-        except Unmappable:
-            continue
-    return None, env
 
 
 def _size(args: list) -> int:

@@ -16,14 +16,13 @@ from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.backward_calls import backward_calls
+from testgen.carry import Unmappable, carry_down
 from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
     BaseCall,
-    Unmappable,
     base_calls,
     binding_variants,
-    carry_down,
     label_dtypes,
     plan,
 )

@@ -19,7 +19,8 @@ import hashlib
 import re
 from pathlib import Path
 
-from testgen.cases import Unmappable, bind_call, shape_key
+from testgen.carry import Unmappable, bind_call
+from testgen.cases import shape_key
 from testgen.inputs import RecordedCall, RefCall
 from testgen.python_reference import (
     Pairing,

@@ -8,7 +8,7 @@ import torch
 
 from miner.discover import discover
 from testgen.backward_calls import backward_calls
-from testgen.cases import carry_down
+from testgen.carry import carry_down
 from testgen.inputs import RecordedCall, record_repo_calls
 from testgen.reference import RepoRefs
 

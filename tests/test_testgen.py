@@ -16,13 +16,12 @@ import torch
 from test_reference import candidate, kernel
 
 from miner.candidate import Reason, StageName, StageResult, Status
+from testgen.carry import carry_down, pybind_arg_names
 from testgen.cases import (
     BaseCall,
-    carry_down,
     channel_tiling,
     label_dtypes,
     plan,
-    pybind_arg_names,
     tile_times,
 )
 from testgen.generate import generate_for
