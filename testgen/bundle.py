@@ -100,9 +100,7 @@ def _entry(workdir: Path, cand: Candidate) -> tuple[dict, dict[str, bytes]]:
     entry = {"id": cid, "test": f"tests/{cid}.py", "label": label, "reference": None}
     entry.update(min_cases=MIN_CASES, min_shapes=MIN_SHAPES)  # fewer valid ones: weak_test
     built = cand.stage(StageName.BUILD)
-    if (
-        built is not None and built.seconds
-    ):  # the prebuild on the box gives heavy labels a batch each
+    if built is not None and built.seconds:  # the box's prebuild builds heavy labels alone
         entry["build_s"] = round(built.seconds, 1)
     if cand.reference.path:
         rel = f"references/{cid}{Path(cand.reference.path).suffix or '.cpp'}"

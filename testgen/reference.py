@@ -170,11 +170,9 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
     """The CPU function for the candidate's op and how to call it, or why there is none."""
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     e_item = refs.definition(exposed) if exposed else None
-    sig = refs.signature(e_item) if e_item else None
+    sig = refs.index.signature(e_item) if e_item else None  # a template: at the label's args
     if sig is None:
         return f"no label function to match: {exposed or 'no wrapper'} has no definition"
-    if sig.template:  # the instantiation the label binds
-        sig.template_args = refs.index.instantiation(sig.name)
     params = [n for _, n in sig.params]
     if not all(params):
         return f"{exposed} has unnamed parameters"

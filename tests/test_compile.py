@@ -154,47 +154,44 @@ def test_torch_unit_compiles_with_light_headers(tmp_path):
         assert result.status == Status.OK, result.log
 
 
-def test_a_kernel_over_a_traits_class_compiles_as_a_template(tmp_path):
-    """causal-conv1d's kernels take `Ktraits` and read `Ktraits::kNThreads`: float cannot stand
-    in for it, so the unit is checked as the template itself, with no instantiation."""
+TRAITS_KERNEL = (
+    "template <int N_, typename T_> struct Traits { static constexpr int kN = N_;"
+    " using input_t = T_; };\n"
+    "template <typename Ktraits> __global__ void fwd_kernel(void* x) {\n"
+    "  using input_t = typename Ktraits::input_t;\n"
+    "  reinterpret_cast<input_t*>(x)[threadIdx.x % Ktraits::kN] = input_t(1);\n}\n"
+    "void run(void* x) { auto k = &fwd_kernel<Traits<4, float>>; k<<<1, 32>>>(x); }\n"
+)
+OBJECT_KERNEL = (
+    "struct View { __device__ void insert(long k, long v) {} };\n"
+    "template <typename view_t, typename int_t>\n"
+    "__global__ void stage1(view_t table, int n, int_t *out) {\n"
+    "  int i = threadIdx.x; if (i < n) { out[i] = i; table.insert(i + 1, i); }\n}\n"
+    "template <typename T> __global__ void plain(T *x, int n) { x[threadIdx.x] = n; }\n"
+    "void run(long *o, float *x) {\n"
+    "  stage1<View, long><<<1, 32>>>(View(), 4, o); plain<float><<<1, 32>>>(x, 4);\n}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "kernel"), [(TRAITS_KERNEL, "fwd_kernel"), (OBJECT_KERNEL, "stage1")]
+)
+def test_a_kernel_over_a_class_type_compiles_as_a_template(tmp_path, source, kernel):
+    """float cannot stand in for a class: causal-conv1d's kernels take `Ktraits` and read
+    `Ktraits::kNThreads`; torchsparse's kernel-map kernels take a hash table's device view and
+    call `table.insert(...)`. The unit is checked as the template itself, with no
+    instantiation; an element type beside it still gets its dtypes."""
     from miner.discover import discover
     from miner.extract import Extractor
 
-    (tmp_path / "k.cu").write_text(
-        "template <int N_, typename T_> struct Traits { static constexpr int kN = N_;"
-        " using input_t = T_; };\n"
-        "template <typename Ktraits> __global__ void fwd_kernel(void* x) {\n"
-        "  using input_t = typename Ktraits::input_t;\n"
-        "  reinterpret_cast<input_t*>(x)[threadIdx.x % Ktraits::kN] = input_t(1);\n}\n"
-        "void run(void* x) { auto k = &fwd_kernel<Traits<4, float>>; k<<<1, 32>>>(x); }\n"
-    )
+    (tmp_path / "k.cu").write_text(source)
     disc = discover(tmp_path)
-    res, result = _compile(disc, Extractor(disc), "fwd_kernel")
+    res, result = _compile(disc, Extractor(disc), kernel)
     assert res.unit.instantiations == [] and "kminer_inst_" not in res.unit.text
     assert result.status == Status.OK, result.log
-
-
-def test_a_kernel_over_an_object_type_compiles_as_a_template(tmp_path):
-    """torchsparse's kernel-map kernels take a hash table's device view of a template type and
-    call `table.insert(...)`: float cannot stand in for it (the element type can)."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "k.cu").write_text(
-        "struct View { __device__ void insert(long k, long v) {} };\n"
-        "template <typename view_t, typename int_t>\n"
-        "__global__ void stage1(view_t table, int n, int_t *out) {\n"
-        "  int i = threadIdx.x; if (i < n) { out[i] = i; table.insert(i + 1, i); }\n}\n"
-        "template <typename T> __global__ void plain(T *x, int n) { x[threadIdx.x] = n; }\n"
-        "void run(long *o, float *x) {\n"
-        "  stage1<View, long><<<1, 32>>>(View(), 4, o); plain<float><<<1, 32>>>(x, 4);\n}\n"
-    )
-    disc = discover(tmp_path)
-    res, result = _compile(disc, Extractor(disc), "stage1")
-    assert res.unit.instantiations == [] and "kminer_inst_" not in res.unit.text
-    assert result.status == Status.OK, result.log
-    res, _ = _compile(disc, Extractor(disc), "plain")
-    assert res.unit.instantiations  # an element type still gets its dtypes
+    if kernel == "stage1":
+        res, _ = _compile(disc, Extractor(disc), "plain")
+        assert res.unit.instantiations
 
 
 @needs_nvcc

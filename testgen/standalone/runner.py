@@ -301,16 +301,18 @@ class Runner:
         if self.args.rebuild and store.is_dir():  # the module files, not the other build folders
             shutil.rmtree(store)
         paths, heavy = [], set()
-        for e in entries:  # alternates (a kind's later variants) build alone when needed,
+        for e in entries:
             if not (e.get("reference") and _takes_prebuilt(self.bundle / e["test"])):
                 continue
             variants = e.get("variants") or []
-            chosen = [group[0]["path"] for _, group in _by_kind(variants)]
+            # alternates (a kind's later variants) build alone in the test when needed; a heavy
+            # label's are built here, side by side: one after another, each for minutes, they
+            # outlast the time a box is lent for
             if float(e.get("build_s") or 0.0) >= prebuild.HEAVY_BUILD_S:
-                # but a heavy label's are built here, side by side: built in its test one
-                # after another, each for minutes, they outlast the time a box is lent for
                 chosen = [v["path"] for v in variants]
                 heavy.update(self.bundle / p for p in (e["label"], *chosen))
+            else:
+                chosen = [group[0]["path"] for _, group in _by_kind(variants)]
             paths += [e["label"], e["reference"], *chosen]
         files = [self.bundle / p for p in paths if (self.bundle / p).is_file()]
         if not files:
