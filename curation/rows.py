@@ -101,7 +101,8 @@ DESCRIPTIONS = {  # the card's schema table
     "toolchain": "nvcc, torch and CUDA versions of the verification; empty when not recorded",
     "strategy": "how the host function was made: mined (the repository's launcher), rule, llm",
     "cases_source": "who made the inputs: mined (the repository's tests), forward (a "
-    "backward's, from its forward's recorded calls), rule, llm",
+    "backward's, from its forward's recorded calls), sibling (the recorded calls of an op of "
+    "the same extension taking the same parameters), rule, llm",
     "description_source": "where the description in instruction_complete comes from: llm, "
     "comment, docstring, or empty",
     "instruction_edited": "a curator edited the instructions",

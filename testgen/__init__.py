@@ -15,7 +15,9 @@ The pieces and the contract between them (every module relies on it):
   and carried down the op chain; else, for an element-wise rule wrapper, calls by rule; else (with
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
   shapes, values of each parameter's kind, seeded); a backward the tests never call gets calls
-  made from its forward's (`backward_calls`). Stage metric `cases_source`: mined|forward|rule|llm.
+  made from its forward's (`backward_calls`); an op no test calls, the calls of an op of the
+  same extension that takes the same parameters and returns its result (`sibling_calls`).
+  Stage metric `cases_source`: mined|forward|sibling|rule|llm.
   The repository's tests run under `standalone/recorder.py`, in the sandbox; `carry` takes a
   recorded call of the Python binding down the op chain to the label's function.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, a boolean mode the

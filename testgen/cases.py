@@ -27,6 +27,7 @@ MAX_ROW_CALLS = 4  # calls derived by keeping fewer rows (new shapes for a test 
 MAX_BINDING_CALLS = 4  # calls derived at the binding, then carried down (binding_variants)
 MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the test file
 MAX_FLAG_FLIPS = 3  # calls with a boolean argument the recorded calls never vary, flipped
+MAX_MODE_CROSSES = 4  # calls with a string mode at a kind of shape it was never recorded with
 MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
@@ -298,8 +299,52 @@ def flag_flips(base: list[BaseCall], names: list[str] | None = None) -> list[tup
         if all(i < len(b.args) and b.args[i] is a for b in base):
             args = [*base[0].args]
             args[i] = not a
-            out.append((i, args))
+            out.append((i, args, a))
     return out[:MAX_FLAG_FLIPS]
+
+
+def _ranks(args: list, skip: int) -> tuple:
+    """The kind of shape a call has: each argument's rank (None where it is left out)."""
+    return tuple(
+        (a.dim() if hasattr(a, "dim") else "None" if a is None else "")
+        for k, a in enumerate(args)
+        if k != skip
+    )
+
+
+def _rank_sum(args: list) -> int:
+    return sum(len(a.shape) for a in args if hasattr(a, "shape"))
+
+
+def mode_crosses(
+    base: list[BaseCall], names: list[str] | None = None
+) -> list[tuple[int, int, list, str]]:
+    """(argument, base call, args, value it had) for a string mode the recorded calls vary
+    (`reduce` of "sum", "mean", "min", "max") set on a call whose kind of shape (the ranks of
+    its arguments) was never recorded with it: scatter's min/max over a broadcast row runs a
+    kernel of its own, yet the tests ask for min/max on flat rows only. Per mode, the call of
+    highest rank that is new to it."""
+    names = names or [""] * len(base[0].args)
+    out = []
+    for i, a in enumerate(base[0].args):
+        name = names[i] if i < len(names) else ""
+        if not isinstance(a, str) or _NO_MODE.search(name or ""):
+            continue
+        if not all(i < len(b.args) and isinstance(b.args[i], str) for b in base):
+            continue
+        values = list(dict.fromkeys(b.args[i] for b in base))
+        if len(values) < 2:
+            continue
+        for v in values:
+            seen = {_ranks(b.args, i) for b in base if b.args[i] == v}
+            new = [k for k, b in enumerate(base) if _ranks(b.args, i) not in seen]
+            if not new:
+                continue
+            k = max(new, key=lambda j: (_rank_sum(base[j].args), -j))
+            args = [*base[k].args]
+            args[i] = v
+            out.append((i, k, args, base[k].args[i]))
+    return out[:MAX_MODE_CROSSES]
 
 
 def plan(
@@ -317,9 +362,9 @@ def plan(
     if not base:
         return out
 
-    def add(cid, b, dtype=None, edge=None, tile=None, flag=None):
+    def add(cid, b, dtype=None, edge=None, tile=None, flag=None, was=None):
         case = {"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile}
-        out.cases.append(case | ({"flag": flag} if flag is not None else {}))
+        out.cases.append(case | ({"flag": flag, "was": was} if flag is not None else {}))
 
     for i, _ in enumerate(base):
         add(f"{'generated' if made else 'recorded'}_{i}", i)
@@ -348,9 +393,14 @@ def plan(
         shapes.add(shape_key(args))
         out.base.append(BaseCall(args, base[largest].origin, rows_of=largest, rows=m, more=True))
         add(f"random_rows{m}_of_{largest}", len(out.base) - 1)
-    for i, args in flag_flips(base, names):
+    for i, args, was in flag_flips(base, names):
         out.base.append(BaseCall(args, base[0].origin, rows_of=0, derived=f"argument {i} flipped"))
-        add(f"flag{i}_flipped_of_0", len(out.base) - 1, flag=i)
+        add(f"flag{i}_flipped_of_0", len(out.base) - 1, flag=i, was=was)
+    for i, k, args, was in mode_crosses(base, names):
+        derived = f"argument {i} set to {args[i]!r}"
+        out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=derived))
+        value = re.sub(r"\W", "_", args[i])[:20]
+        add(f"mode{i}_{value}_of_{k}", len(out.base) - 1, flag=i, was=was)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

@@ -33,6 +33,7 @@ from testgen.made_inputs import RULE_ORIGIN, exposed_params, exposed_signature, 
 from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
+from testgen.sibling_calls import sibling_calls
 from testgen.testcode import order_free_reason, render_test
 from testgen.variants import VariantKind, derive_variants
 
@@ -215,6 +216,9 @@ def generate_for(
         derived_calls = backward_calls(python_fn, recorded, refs)
         if isinstance(derived_calls, list):
             calls, source = derived_calls, "forward"
+    if not calls and python_fn:  # an op nobody calls, beside one that takes the same
+        calls = sibling_calls(refs, python_fn, recorded)
+        source = "sibling" if calls else source
     base, why = base_calls(cand, calls, refs)
     if not base:
         inputs_tried = llm is not None

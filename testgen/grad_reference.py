@@ -35,7 +35,10 @@ from testgen.vendor import vendor_function
 
 RUN_TIMEOUT_S = 180.0
 MAX_CALLS = 24
-_DIRECTION = {"backward", "bwd", "grad", "forward", "fwd"}
+# Lua torch's names live on in older extensions (SparseConvNet: `X_updateOutput`, `X_backward`,
+# `X_updateGradInput`, `X_accGradParameters`)
+_BACKWARD = {"backward", "bwd", "grad", "updategradinput", "accgradparameters"}
+_DIRECTION = _BACKWARD | {"forward", "fwd", "updateoutput"}
 _GRAD_OF = re.compile(r"^(?:grad_?|d_?)(?P<a>\w+)$|^(?P<b>\w+?)_?grad$")
 _OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
 
@@ -43,7 +46,7 @@ _OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
 def _stem(name: str) -> tuple[str, bool]:
     """The op's name without its direction, and whether the name says backward."""
     words = name.lower().split("_")
-    back = any(w in ("backward", "bwd", "grad") for w in words)
+    back = any(w in _BACKWARD for w in words)
     return "_".join(w for w in words if w not in _DIRECTION), back
 
 

@@ -34,6 +34,8 @@ class RecordedCall:
     args: list
     kwargs: dict = field(default_factory=dict)
     test_file: str = ""  # relative to the repository root
+    # arguments the call changed, by position, as they were after it ran on the CPU build
+    after: dict = field(default_factory=dict)
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""
@@ -153,7 +155,10 @@ def record_file(
     rel = test_file.relative_to(repo).as_posix()
     try:
         raw = torch.load(out, weights_only=True)
-        calls = [RecordedCall(n, list(a), dict(k), rel) for n, a, k in raw["calls"]]
+        calls = [
+            RecordedCall(n, list(a), dict(k), rel, dict(after[0]) if after else {})
+            for n, a, k, *after in raw["calls"]
+        ]
         refs = [
             RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in ps], rel, *arrays)
             for file, name, a, k, res, ps, *arrays in raw["refs"]

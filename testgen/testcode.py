@@ -55,7 +55,11 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     shapes = [list(a.shape) for a in base.args if hasattr(a, "shape")]
     call = "generated call" if made else "recorded call"
     what = f"{call} {case['base']} from {base.origin}, tensors {shapes}"
-    if case.get("flag") is not None:
+    if case.get("flag") is not None and isinstance(base.args[case["flag"]], str):
+        what = f"{call} {base.rows_of} ({base.origin}) with its mode argument {case['flag']} "
+        what += f"set to {base.args[case['flag']]!r} (recorded only at other kinds of shape), "
+        what += f"tensors {shapes}"
+    elif case.get("flag") is not None:
         what = f"{call} 0 ({base.origin}) with its boolean argument {case['flag']} flipped "
         what += f"(a mode the recorded calls never ask for), tensors {shapes}"
     elif base.derived:
@@ -121,6 +125,7 @@ def render_test(
             cases_py=pformat(
                 [
                     {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag")}
+                    | ({"was": c["was"]} if c.get("flag") is not None else {})
                     for c in plan.cases
                 ],
                 width=92,

@@ -6,7 +6,8 @@ module-level names it reads, transitively: imports of torch, numpy and the stand
 they were written, helpers and constants of its module, and helpers it imports from the
 repository's other modules (copied the same way). Decorators are dropped (`@torch.jit.script`
 of a copy is not the point). A name that comes from another third-party package (einops,
-triton) makes it unusable: the answer says which.
+triton) makes it unusable: the answer says which, but for einops' `rearrange` and `repeat`,
+whose plain-torch stand-in (testgen/einops_lite.py) is copied in with the function.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import builtins
 import sys
 from pathlib import Path
 
+from testgen import einops_lite
+
 ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
+STAND_INS = {"einops": (Path(einops_lite.__file__), set(einops_lite.EXPORTS))}
 TRAVELS = "only torch, numpy and the standard library travel"
 MAX_ITEMS = 40
 
@@ -80,6 +84,15 @@ def _module_file(repo: Path, here: Path, node: ast.ImportFrom) -> Path | None:
     return None
 
 
+def _stand_in(module: str) -> str:
+    """The stand-in's code without its docstring, under a line that says what it is."""
+    text = STAND_INS[module][0].read_text("utf-8")
+    first = ast.parse(text).body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        text = "\n".join(text.splitlines()[first.end_lineno :])
+    return f"# {module}'s functions in plain torch (kminer's stand-in)\n" + text.strip() + "\n"
+
+
 def vendor_function(repo: Path, file: str, name: str) -> str:
     """The function's source with its needs; '!why' when it cannot stand alone."""
     repo = repo.resolve()
@@ -87,6 +100,7 @@ def vendor_function(repo: Path, file: str, name: str) -> str:
     chunks: list[tuple[Path, int, str]] = []  # (file, line, source), emitted by file then line
     imports: list[str] = []
     seen: set[tuple[Path, str]] = set()
+    stand_ins: set[str] = set()
     todo = [(repo / file, name)]
     while todo:
         path, wanted = todo.pop()
@@ -124,6 +138,13 @@ def vendor_function(repo: Path, file: str, name: str) -> str:
                     imports.append(f"{alias.asname} = {alias.name}")
                 continue
             root = (stmt.module or "").split(".")[0]
+            if not stmt.level and stmt.module in STAND_INS:
+                if alias.name not in STAND_INS[stmt.module][1]:
+                    return f"!needs `{stmt.module}.{alias.name}` ({TRAVELS})"
+                stand_ins.add(stmt.module)
+                if alias.asname and alias.asname != alias.name:
+                    imports.append(f"{alias.asname} = {alias.name}")
+                continue
             if stmt.level or root not in ALLOWED_ROOTS:
                 return f"!needs `{stmt.module or '.'}` ({TRAVELS})"
             text = f"from {stmt.module} import {alias.name}"
@@ -135,6 +156,7 @@ def vendor_function(repo: Path, file: str, name: str) -> str:
         imports.append(text + (f" as {alias.asname}" if alias.asname else ""))
     order = {p: i for i, p in enumerate(reversed(list(modules)))}  # helpers' files first
     body = [src for _, _, src in sorted(chunks, key=lambda c: (order[c[0]], c[1]))]
+    body = [_stand_in(m) for m in sorted(stand_ins)] + body
     aliases = [i for i in imports if " = " in i]
     head = sorted({i for i in imports if " = " not in i}, key=lambda i: (i.startswith("from"), i))
     return "\n".join(head) + "\n\n\n" + "\n\n\n".join(body) + "\n" + "\n".join(aliases) + "\n"

@@ -94,3 +94,70 @@ def test_a_call_that_passes_none_for_a_tensor_is_no_case(tmp_path):
     found, why = base_calls(cand, [RecordedCall("pool_forward", [None, 2]), good], refs)
     assert [b.args[1] for b in found] == [2] and torch.equal(found[0].args[0], good.args[0])
     assert why == ["a recorded call passes None where the launcher takes a tensor"]
+
+
+BN_BINDINGS = """
+#include <torch/extension.h>
+template <typename T>
+void cpu_bn_updateOutput(at::Tensor &input_features, at::Tensor &output_features,
+                         at::Tensor &saveMean, T eps) {
+  output_features.resize_as_(input_features);
+  saveMean.resize_({input_features.size(1)});
+}
+void BN_updateOutput(at::Tensor &input_features, at::Tensor &output_features,
+                     at::Tensor &saveMean, double eps) {
+  cpu_bn_updateOutput<float>(input_features, output_features, saveMean, eps);
+}
+void BN_updateGradInput(at::Tensor &input_features, at::Tensor &d_input_features,
+                        at::Tensor &output_features, at::Tensor &d_output_features,
+                        at::Tensor &saveMean) {}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("BN_updateOutput", &BN_updateOutput);
+  m.def("BN_updateGradInput", &BN_updateGradInput);
+}
+"""
+
+
+def _bn_refs(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "bn.cpp").write_text(BN_BINDINGS)
+    (tmp_path / "src" / "bn.cu").write_text("__global__ void k(float* x) { x[0] = 1; }\n")
+    return RepoRefs(discover(tmp_path))
+
+
+def test_a_forward_that_writes_into_its_arguments_hands_them_to_its_backward(tmp_path):
+    """SparseConvNet's batch norm: `X_updateOutput` returns nothing, resizes and fills
+    `output_features` and writes `saveMean`; `X_updateGradInput` takes both by name. As the
+    CPU build left them when the recorder ran the forward (`after`), else shaped by the
+    forward's `resize_as_` with seeded values."""
+    refs = _bn_refs(tmp_path)
+    x, empty, mean = torch.randn(6, 4), torch.empty(0), torch.zeros(4)
+    ran = RecordedCall("BN_updateOutput", [x, empty, mean, 1e-4], {}, "t.py")
+    ran.after = {1: x * 2, 2: torch.full((4,), 0.5)}
+    made = backward_calls("BN_updateGradInput", {"BN_updateOutput": [ran]}, refs)
+    inputs, d_input, output, d_output, saved = made[0].args
+    assert inputs is x and torch.equal(d_input, torch.zeros(6, 4))  # the gradient's buffer
+    assert torch.equal(output, x * 2) and torch.equal(saved, torch.full((4,), 0.5))
+    assert d_output.shape == (6, 4) and d_output.abs().sum() > 0  # the output's gradient
+    unrun = RecordedCall("BN_updateOutput", [x, empty, mean, 1e-4], {}, "t.py")  # no CPU build
+    inputs, _, output, d_output, saved = backward_calls(
+        "BN_updateGradInput", {"BN_updateOutput": [unrun]}, refs
+    )[0].args
+    assert output.shape == d_output.shape == (6, 4) and output.abs().sum() > 0  # resize_as_
+    assert saved is mean  # not resized by `resize_as_`: passed as recorded
+
+
+def test_the_recorder_keeps_what_a_call_wrote_into_its_arguments():
+    """A call run on the CPU build that resizes and fills an argument: the log keeps that
+    argument as it is after the call, and nothing for the arguments it left alone."""
+    from testgen.standalone.record_log import _Log
+
+    log = _Log()
+    x, out = torch.randn(3, 2), torch.empty(0)
+    index = log.add("f_updateOutput", (x, out, 2.0), {})
+    out.resize_as_(x).copy_(x * 2.0)  # what the CPU build does
+    log.written(index, (x, out, 2.0))
+    function, before, _, after = log.calls[index]
+    assert function == "f_updateOutput" and before[1].shape == (0,)
+    assert list(after) == [1] and torch.equal(after[1], x * 2.0)
+    assert log.add("f_updateOutput", (x, torch.empty(0), 2.0), {}) is None  # a repeat

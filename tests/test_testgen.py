@@ -183,11 +183,39 @@ def test_a_flag_the_recorded_calls_never_vary_is_flipped_once():
     names = ["input", "mean", "train", "eps", "relu", "verbose"]
     p = plan(calls, ["float32"], names)
     flips = [c for c in p.cases if c.get("flag") is not None]
-    assert [(c["id"], c["flag"]) for c in flips] == [("flag2_flipped_of_0", 2)]
+    assert [(c["id"], c["flag"], c["was"]) for c in flips] == [("flag2_flipped_of_0", 2, True)]
     flipped = p.base[flips[0]["base"]].args
     assert flipped[2] is False and flipped[4] is False and flipped[5] is True  # only `train`
     assert flipped[0] is x and p.base[0].args[2] is True  # the recorded call is unchanged
     assert all(c.get("flag") is None for c in p.cases if c not in flips)
+
+
+def test_a_string_mode_is_crossed_onto_a_kind_of_shape_it_was_never_recorded_with():
+    """pytorch_scatter's segment_coo: the tests reduce broadcast rows (src of rank 3) by sum
+    and mean only, and flat rows by min and max; min/max over broadcast rows runs a kernel of
+    its own (the arg broadcast), reached only by crossing the mode onto that shape."""
+    flat, idx = torch.randn(6), torch.tensor([0, 0, 1, 1, 2, 2])
+    wide, widx = torch.randn(2, 3, 2), torch.zeros(2, 3, dtype=torch.long)
+    calls = [
+        BaseCall([flat, idx, None, "sum"], "t.py"),
+        BaseCall([wide, widx, None, "sum"], "t.py"),
+        BaseCall([flat, idx, None, "max"], "t.py"),
+        BaseCall([flat, idx, torch.zeros(3), "min"], "t.py"),
+    ]
+    p = plan(calls, ["float32"], ["src", "index", "out", "reduce"])
+    crossed = {
+        (c["id"], p.base[c["base"]].args[3], c["was"]) for c in p.cases if c.get("flag") == 3
+    }
+    assert ("mode3_max_of_1", "max", "sum") in crossed  # max onto the broadcast rows
+    assert ("mode3_min_of_1", "min", "sum") in crossed
+    assert ("mode3_sum_of_3", "sum", "min") in crossed  # sum with an output given
+    assert all(p.base[c["base"]].args[0] is not None for c in p.cases)
+    assert calls[1].args[3] == "sum"  # the recorded call is unchanged
+    one_mode = plan([BaseCall([flat, idx, None, "sum"], "t.py")] * 2, ["float32"])
+    assert not [c for c in one_mode.cases if c.get("flag") is not None]  # nothing to cross
+    named = ["x", "log_level"]
+    verbose = plan([BaseCall([flat, "a"], "t.py"), BaseCall([wide, "b"], "t.py")], [], named)
+    assert not [c for c in verbose.cases if c.get("flag") is not None]
 
 
 def test_boxes_get_no_zeros_case():
@@ -604,6 +632,39 @@ def _generated_test_module(refrepo, tmp_path):
     return module
 
 
+def test_only_memory_a_label_never_wrote_is_told_from_nondeterminism(refrepo, tmp_path):
+    """A wrong kernel that skips its output left, in a label-allocated tensor, whatever the
+    allocator held: run again it differed, and the case was excused as nondeterministic. Run
+    twice on memory filled with two different bytes, such a label differs only in elements
+    that hold each run's byte throughout, and is judged by its mismatch instead."""
+    module = _generated_test_module(refrepo, tmp_path)
+    a_byte, b_byte = module.POISON
+
+    def filled(byte, n, dtype):
+        return torch.full((n * torch.empty(0, dtype=dtype).element_size(),), byte,
+                          dtype=torch.uint8).view(dtype)  # fmt: skip
+
+    written = torch.arange(4, dtype=torch.float32)
+    a = torch.cat([written, filled(a_byte, 3, torch.float32)])
+    b = torch.cat([written, filled(b_byte, 3, torch.float32)])
+    assert module._only_unwritten_differs([a], [b])
+    ints_a, ints_b = filled(a_byte, 2, torch.int64), filled(b_byte, 2, torch.int64)
+    assert module._only_unwritten_differs([a, ints_a], [b, ints_b])
+    assert module._only_unwritten_differs([torch.empty(0), a], [torch.empty(0), b])
+    raced = b.clone()
+    raced[0] += 1.0  # a written element that differs: a race, not unwritten memory
+    assert not module._only_unwritten_differs([a], [raced])
+    once = b.clone()
+    once[4] = 5.0  # written in one run only: not the same unwritten elements both times
+    assert not module._only_unwritten_differs([a], [once])
+    module.DEVICE = "cpu"  # off the GPU a plain rerun, compared with the first run
+    steady = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2})
+    got = module._outputs([torch.ones(3)], torch.ones(3) * 2)
+    assert module._label_unstable([torch.ones(3)], got, "float32", steady) is False
+    noisy = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2 + torch.rand(3)})
+    assert module._label_unstable([torch.ones(3)], got, "float32", noisy) is True
+
+
 def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
     """A Python reference that loops over rows is fine on the recorded inputs and endless on
     their x37 tiling: that case is invalid (left out with its reason), not the whole test's
@@ -757,7 +818,7 @@ def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
     case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    case["flag"] = 2
+    case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]  # recorded with True: the flipped call
 
     def modal(x, out, train):
@@ -790,7 +851,7 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
     case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    case["flag"] = 2
+    case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]
 
     def cpu(x, out, train):

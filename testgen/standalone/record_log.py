@@ -41,28 +41,44 @@ class _Log:
         self._paired: dict = {}  # reference calls kept with partners, per function
         self._dispatching = False  # inside a dispatcher run on both devices
 
-    def add(self, function: str, args: tuple, kwargs: dict) -> None:
+    def add(self, function: str, args: tuple, kwargs: dict) -> int | None:
+        """Keep the call; its index when it is new (see `written`), else None."""
         count = self._count.get(function, 0)
         shapes = (function, _shapes(args), _shapes(kwargs.values()))
         if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
-            return
+            return None
         if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
-            return
+            return None
         snap = [_snapshot(a) for a in args]
         named = {k: _snapshot(v) for k, v in kwargs.items()}
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
-            return
+            return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
         key = (function, tuple(map(_fingerprint, snap)), named_keys)
         with contextlib.suppress(TypeError):  # unhashable: kept
             if key in self._seen:
                 self._test[0].append(self._seen[key])
-                return
+                return None
             self._seen[key] = len(self.calls)
         self._shapes.add(shapes)
         self._count[function] = count + 1
         self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named))
+        self.calls.append((function, snap, named, {}))
+        return len(self.calls) - 1
+
+    def written(self, index: int, args: tuple) -> None:
+        """After the call ran on the CPU build: the tensor arguments it changed (resized or
+        wrote), as they are now. A forward that writes its outputs and saved statistics into
+        tensors it is passed (SparseConvNet's batch norm) hands them to its backward so."""
+        import torch
+
+        before, after = self.calls[index][1], self.calls[index][3]
+        for k, (was, now) in enumerate(zip(before, args, strict=False)):
+            if not isinstance(now, torch.Tensor) or not isinstance(was, torch.Tensor):
+                continue
+            snap = _snapshot(now)
+            if snap is not _TOO_BIG and _fingerprint(snap) != _fingerprint(was):
+                after[k] = snap
 
     def begin(self) -> None:
         """A test (or a script's statement) starts: the Python functions the last one called

@@ -158,13 +158,16 @@ class _Recorder(types.ModuleType):
         log, real = self._log, self._real
 
         def record(*args, **kwargs):
-            log.add(attr, args, kwargs)
+            index = log.add(attr, args, kwargs)
             if real is None:
                 return None
             try:
                 result = _cpu_side(real, attr)(*args, **kwargs)
             except Exception:
                 return None
+            if index is not None:
+                with contextlib.suppress(Exception):
+                    log.written(index, args)
             if any(_tagged(a) for a in (*args, *kwargs.values())):
                 _tag(result)  # computed from tensors that pass for CUDA ones
             return result
