@@ -29,7 +29,14 @@ from testgen.cases import (
 from testgen.grad_reference import find_grad_reference, is_backward
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
-from testgen.made_inputs import RULE_ORIGIN, exposed_params, exposed_signature, rule_calls
+from testgen.made_inputs import (
+    ELEMENTWISE_ORIGIN,
+    RULE_ORIGIN,
+    elementwise_calls,
+    exposed_params,
+    exposed_signature,
+    rule_calls,
+)
 from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
@@ -116,6 +123,10 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     made = rule_calls(cand, sig)
     if made:
         return made, "rule", RULE_ORIGIN
+    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    made = elementwise_calls(sig, label_text, function)
+    if made:
+        return made, "rule", ELEMENTWISE_ORIGIN
     if llm is None:
         why = "no rule makes its inputs (not an element-wise rule wrapper) and no LLM is set"
         return [], "", why

@@ -2,7 +2,8 @@
 certain, else by a model.
 
 The rule covers the wrappers kminer writes by rule (wrappers/rule.py): every pointer is a tensor of
-n elements and every other argument a scalar, so any n is a valid call. Its calls are a typical
+n elements and every other argument a scalar, so any n is a valid call; and a repository's host
+function whose code uses each of its tensors only as n elements (testgen/elementwise.py). Its calls are a typical
 size, a small one and one past several blocks, none a multiple of the block size (1000, 37, 4099
 elements), seeded values, a distinct value per scalar (so swapped scalars show). Anything else
 (shapes related across tensors, index ranges) is left to the model (testgen/llm_inputs.py), whose
@@ -17,12 +18,17 @@ import torch
 
 from miner.candidate import Candidate
 from testgen.cases import BaseCall
+from testgen.elementwise import elementwise_tensors
 from testgen.llm_inputs import param_kind
 from wrappers.signature import Signature, parse_signature
 
 RULE_SIZES = (1000, 37, 4099)
 RULE_SCALARS = (1.25, -0.5, 2.0, 0.75, 3.0)
 RULE_ORIGIN = "kminer's element-wise rule: every tensor of n elements, seeded values"
+ELEMENTWISE_ORIGIN = (
+    "kminer's element-wise rule (the host function uses each tensor as n elements): "
+    "every tensor of n elements, seeded values"
+)
 SEED = 20261124
 _DTYPES = {
     "float": torch.float32,
@@ -94,6 +100,30 @@ def _element_dtype(cand: Candidate, name: str) -> torch.dtype | None:
             base = " ".join(words)
             return torch.float32 if base in templates else _DTYPES.get(base)
     return None
+
+
+def elementwise_calls(params: list[tuple[str, str]], label_text: str, function: str) -> list:
+    """Calls for a repository host function that uses each tensor as n floating elements
+    (testgen/elementwise.py), as the rule makes them; [] for any other."""
+    kinds = [param_kind(t) for t, _ in params]
+    if any(k not in ("tensor", "float") for k in kinds) or "tensor" not in kinds:
+        return []
+    tensors = [n for (_, n), k in zip(params, kinds, strict=True) if k == "tensor"]
+    dtypes = elementwise_tensors(label_text, function, tensors)
+    if dtypes is None:
+        return []
+    gen = torch.Generator().manual_seed(SEED)
+    calls = []
+    for n in RULE_SIZES:
+        scalars = iter(RULE_SCALARS * 4)
+        args = [
+            (torch.randn(n, generator=gen) * 2).to(getattr(torch, dtypes[name]))
+            if k == "tensor"
+            else next(scalars)
+            for (_, name), k in zip(params, kinds, strict=True)
+        ]
+        calls.append(BaseCall(args, ELEMENTWISE_ORIGIN))
+    return calls
 
 
 def rule_calls(cand: Candidate, params: list[tuple[str, str]]) -> list[BaseCall]:
