@@ -6,13 +6,17 @@ The pieces and the contract between them (every module relies on it):
   <id>.py`, a PyTorch `reference` with the same parameters, checked in the sandbox on the
   recorded calls (`standalone/refcheck.py`); the test loads it instead of building C++ (kind
   llm, or python when it adapts one of the repository's own PyTorch functions).
+- `python_reference` / `vendor`: the repository's PyTorch function its tests compare the op
+  with, copied with what it needs (einops' rearrange/repeat by kminer's plain-torch stand-in,
+  `einops_lite`).
 - `reference`: the repository's CPU implementation of the same op, extracted into a standalone
   C++ source (`references/<id>.cpp` in the workdir) that builds with `cpp_extension` next to the
   label and exposes `reference` with the *same Python signature as the label's first exposed
   function* (the mined launcher), so a test calls both with the same arguments.
 - `inputs` / `made_inputs` / `llm_inputs`: the base calls of the host function (launcher parameter
   order, CPU tensors and Python values). First the repository's own tests, recorded in the sandbox
-  and carried down the op chain; else, for an element-wise rule wrapper, calls by rule; else (with
+  and carried down the op chain; else, for an element-wise rule wrapper or a host function
+  that uses each tensor as n elements (`elementwise`), calls by rule; else (with
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
   shapes, values of each parameter's kind, seeded); a backward the tests never call gets calls
   made from its forward's (`backward_calls`); an op no test calls, the calls of an op of the
@@ -21,8 +25,8 @@ The pieces and the contract between them (every module relies on it):
   The repository's tests run under `standalone/recorder.py`, in the sandbox; `carry` takes a
   recorded call of the Python binding down the op chain to the label's function.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, a boolean mode the
-  recorded calls never vary, edge values, wider channels, every dtype), embedded in the test
-  with `torch.save`.
+  recorded calls never vary, a string mode set on a kind of shape it was never recorded with,
+  edge values, wider channels, every dtype), embedded in the test with `torch.save`.
 - `wrappers/llm/turns.py`: the ask, check, feed-back loop both model steps share; every answer an
   attempt row (step `reference` or `inputs`).
 - `testcode`: renders the standalone pytest file (the dataset row's `test_code`) from
@@ -38,6 +42,9 @@ The pieces and the contract between them (every module relies on it):
     KMINER_GPU_LOCK   a lock file when the runner shares a GPU between tests: cases hold it
                       shared, the kernel timing alone
     KMINER_TIMING     `0`: no kernel timing (a wrong variant's run)
+  A differing case is excused only when a rerun differs: on the GPU the label runs twice on
+  memory filled with two different bytes, so a kernel that leaves its output unwritten repeats
+  itself and is judged by its mismatch, not excused as nondeterministic.
   The report: {"phase", "outcome": pass|mismatch|build_error|import_error,
   "cases": [{"id", "shape", "dtype", "max_abs", "max_rel", "ok"}], "kernel_time_us", "gpu",
   "torch", "cuda", "error"}. A crash or a hang leaves the report without an outcome; the runner

@@ -312,6 +312,16 @@ def _ranks(args: list, skip: int) -> tuple:
     )
 
 
+def _full(args: list, dtypes: list[str]) -> str | None:
+    """The dtype a mode's case runs in: full precision where the recorded call's data is
+    half (a half case leaves integer outputs unjudged when only they differ, and the mode's
+    kernel may write nothing else, as scatter's argmin/argmax); None keeps the recorded one."""
+    d = _first_float(args)
+    if d is None or str(args[d].dtype) not in ("torch.float16", "torch.bfloat16"):
+        return None
+    return next((dt for dt in dtypes if dt in ("float32", "float64")), None)
+
+
 def _rank_sum(args: list) -> int:
     return sum(len(a.shape) for a in args if hasattr(a, "shape"))
 
@@ -395,12 +405,13 @@ def plan(
         add(f"random_rows{m}_of_{largest}", len(out.base) - 1)
     for i, args, was in flag_flips(base, names):
         out.base.append(BaseCall(args, base[0].origin, rows_of=0, derived=f"argument {i} flipped"))
-        add(f"flag{i}_flipped_of_0", len(out.base) - 1, flag=i, was=was)
+        add(f"flag{i}_flipped_of_0", len(out.base) - 1, _full(args, dtypes), flag=i, was=was)
     for i, k, args, was in mode_crosses(base, names):
         derived = f"argument {i} set to {args[i]!r}"
         out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=derived))
         value = re.sub(r"\W", "_", args[i])[:20]
-        add(f"mode{i}_{value}_of_{k}", len(out.base) - 1, flag=i, was=was)
+        dtype = _full(args, dtypes)
+        add(f"mode{i}_{value}_of_{k}", len(out.base) - 1, dtype, flag=i, was=was)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):
@@ -419,7 +430,8 @@ def plan(
             for times in tile_times(base[largest].args[d].numel()):
                 add(f"channels_x{times}", largest, tile={"args": tiled, "times": times})
                 shapes.add((shape_key(base[largest].args), times))
-        for dt in dtypes[1:]:
+        recorded = str(base[0].args[d].dtype).removeprefix("torch.")
+        for dt in [dt for dt in dtypes if dt != recorded]:  # float32 too, for half data
             add(f"typical_{dt}", 0, dtype=dt)
             if largest != 0:
                 add(f"large_{dt}", largest, dtype=dt)

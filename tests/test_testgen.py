@@ -211,11 +211,29 @@ def test_a_string_mode_is_crossed_onto_a_kind_of_shape_it_was_never_recorded_wit
     assert ("mode3_sum_of_3", "sum", "min") in crossed  # sum with an output given
     assert all(p.base[c["base"]].args[0] is not None for c in p.cases)
     assert calls[1].args[3] == "sum"  # the recorded call is unchanged
+    half = [BaseCall([b.args[0].half(), *b.args[1:]], "t.py") for b in calls]
+    crossed_half = [c for c in plan(half, ["float32", "float64"]).cases if c.get("flag") == 3]
+    assert crossed_half and all(c["dtype"] == "float32" for c in crossed_half)  # ints judged
+    assert all(c["dtype"] is None for c in p.cases if c.get("flag") == 3)  # float32 as recorded
     one_mode = plan([BaseCall([flat, idx, None, "sum"], "t.py")] * 2, ["float32"])
     assert not [c for c in one_mode.cases if c.get("flag") is not None]  # nothing to cross
     named = ["x", "log_level"]
     verbose = plan([BaseCall([flat, "a"], "t.py"), BaseCall([wide, "b"], "t.py")], [], named)
     assert not [c for c in verbose.cases if c.get("flag") is not None]
+
+
+def test_data_recorded_in_half_or_double_gets_its_float32_case():
+    """pytorch_scatter's tests call in float16: the plan's other dtypes used to start after
+    float32, so no case judged in float32 what half precision cannot (integer argmins among
+    near ties), and float64 data got a second float64 case instead."""
+    x = torch.randn(6, 4)
+    for recorded, want in (
+        (torch.float16, ["typical_float32", "typical_float64"]),
+        (torch.float64, ["typical_float32", "typical_float16"]),
+        (torch.float32, ["typical_float64", "typical_float16"]),
+    ):
+        p = plan([BaseCall([x.to(recorded), 0.5], "t.py")], ["float32", "float64", "float16"])
+        assert [c["id"] for c in p.cases if c["id"].startswith("typical_")] == want
 
 
 def test_boxes_get_no_zeros_case():
@@ -872,3 +890,16 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
         module._run_case(recorded, base, SimpleNamespace(**{module.FUNCTION: gpu}), ref)["ok"]
         is False
     )
+
+    def cpu_noisy(x, out, train):  # rewrites the statistic with leftovers: another each run
+        out.copy_(x * (2 if train else 3))
+        x.copy_(torch.rand(x.shape))
+
+    def wrong(x, out, train):
+        out.copy_(x * 5)
+
+    noisy = SimpleNamespace(reference=cpu_noisy)
+    module.ORDER_FREE = ""  # (the fixture's kernel is order-free; this case's op is not)
+    judged = module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: wrong}), noisy)
+    assert judged["ok"] is False, judged["note"]  # not excused by a statistic the case leaves out
+    assert module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: gpu}), noisy)["ok"]
