@@ -59,7 +59,8 @@ def _calls(body: str):
     for m in re.finditer(r"(?<![\w.>])([A-Za-z_][\w:]*)\s*(?:<[^;{}()]*>)?\s*\(", body):
         close = bracket_end(body, m.end() - 1, "(", ")")
         if close is not None and m.group(1) not in _KEYWORDS:
-            yield m.group(1).split("::")[-1], [a.strip() for a in split_top(body[m.end() : close - 1])]
+            args = [a.strip() for a in split_top(body[m.end() : close - 1])]
+            yield m.group(1).split("::")[-1], args
 
 
 def _check(code: str, name: str, tensors: list[str], depth: int, found: dict) -> bool:

@@ -1,13 +1,14 @@
 """Inputs for a kernel whose repository's tests never call it: by rule where the contract is
 certain, else by a model.
 
-The rule covers the wrappers kminer writes by rule (wrappers/rule.py): every pointer is a tensor of
-n elements and every other argument a scalar, so any n is a valid call; and a repository's host
-function whose code uses each of its tensors only as n elements (testgen/elementwise.py). Its calls are a typical
-size, a small one and one past several blocks, none a multiple of the block size (1000, 37, 4099
-elements), seeded values, a distinct value per scalar (so swapped scalars show). Anything else
-(shapes related across tensors, index ranges) is left to the model (testgen/llm_inputs.py), whose
-calls are checked in the sandbox. Either way the calls enter the same case plan as recorded ones.
+The rule covers the wrappers kminer writes by rule (wrappers/rule.py): every pointer is a tensor
+of n elements and every other argument a scalar, so any n is a valid call; and a repository's
+host function whose code uses each of its tensors only as n elements (testgen/elementwise.py).
+Its calls are a typical size, a small one and one past several blocks, none a multiple of the
+block size (1000, 37, 4099 elements), seeded values, a distinct value per scalar (so swapped
+scalars show). Anything else (shapes related across tensors, index ranges) is left to the model
+(testgen/llm_inputs.py), whose calls are checked in the sandbox. Either way the calls enter the
+same case plan as recorded ones.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from testgen.made_inputs import ELEMENTWISE_ORIGIN, RULE_SIZES, elementwise_call
 LABEL = """
 template <typename T>
 __global__ void leaky(T *x, T *y, int n, T alpha) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 1024) y[i] = x[i] > 0 ? x[i] : x[i] * alpha;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 1024)
+    y[i] = x[i] > 0 ? x[i] : x[i] * alpha;
 }
 template <typename T>
 void cuda_leaky(at::Tensor &input, at::Tensor &output, T alpha) {
