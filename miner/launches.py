@@ -180,14 +180,19 @@ def _substitute(text: str, mapping: dict[str, str]) -> str:
 
 def _through_macro(model: FileModel, pos: int, targs: str) -> str:
     """Template arguments written inside a launch macro, with the macro's parameters replaced
-    by the arguments of its first invocation in the same file (mmcv filtered_lrelu's CASE)."""
+    by the arguments of its first invocation in the same file (mmcv filtered_lrelu's CASE)
+    while this definition holds: a name defined again, or undefined, is another macro from
+    there (SparseConvNet's `FOO` before each function that expands it)."""
     code = model.code
     for m in DEFINE_LINE.finditer(code):
         if not (m.start() <= pos < m.end()) or m.group("params") is None:
             continue
         params = [p.strip() for p in m.group("params")[1:-1].split(",")]
-        call = re.compile(rf"\b{re.escape(m.group('name'))}\s*\(")
-        for inv in call.finditer(code):
+        name = re.escape(m.group("name"))
+        call = re.compile(rf"\b{name}\s*\(")
+        again = re.compile(rf"^[ \t]*#[ \t]*(?:define|undef)[ \t]+{name}\b", re.M)
+        end = again.search(code, m.end())
+        for inv in call.finditer(code, m.end(), end.start() if end is not None else len(code)):
             if any(d.start() <= inv.start() < d.end() for d in DEFINE_LINE.finditer(code)):
                 continue
             depth, j = 0, inv.end() - 1

@@ -167,3 +167,34 @@ def bracket_end(code: str, i: int, op: str, cl: str, limit: int | None = None) -
             if depth == 0:
                 return j + 1
     return None
+
+
+_BARE_CALL = re.compile(r"(?<![\w.>:])([A-Z_][A-Z0-9_]+)\s*\(")
+
+
+def blank_bare_macro_calls(source: str) -> str:
+    """The source with each statement that is only a macro call written without a semicolon
+    (`FOO(T, 32, 8)` on its own line inside a function, as SparseConvNet expands its launch
+    macros) turned into blanks, so that the grammar does not lose the rest of the file; every
+    offset stays, and the text the refs are read from is not this one."""
+    code = blank_comments_and_strings(source)
+    out, seen = list(source), list(code)  # `seen`: the code as blanked so far
+    depth, pos = 0, 0
+    for m in _BARE_CALL.finditer(code):
+        depth += code.count("{", pos, m.start()) - code.count("}", pos, m.start())
+        pos = m.start()
+        if depth <= 0:
+            continue
+        close = bracket_end(code, m.end() - 1, "(", ")")
+        if close is None:
+            continue
+        j = m.start() - 1
+        while j >= 0 and seen[j].isspace():
+            j -= 1
+        before = seen[j] if j >= 0 else ""
+        after = code[close:].lstrip()[:1]
+        if before in (";", "{", "}", "") and (after.isalpha() or after in ("_", "}", "#")):
+            for i in range(m.start(), close):
+                if out[i] != "\n":
+                    out[i] = seen[i] = " "
+    return "".join(out)

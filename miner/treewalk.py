@@ -24,7 +24,7 @@ from miner.filemodel import (
     Undef,
     refs_in,
 )
-from miner.textprep import LineIndex, RewrittenText
+from miner.textprep import LineIndex, RewrittenText, blank_bare_macro_calls
 
 LANGUAGE = ts.Language(tree_sitter_cuda.language())
 # a variable definition the grammar could not parse, read from its text
@@ -62,8 +62,12 @@ class FileParser:
     def parse(self, rel: str, text: str, code: str, rewritten: RewrittenText | None) -> FileModel:
         source = _blank_define_ends(rewritten.text if rewritten else text)
         tree = self.parser.parse(source.encode("latin-1"))
-        if tree.root_node.has_error:  # an #if inside a statement: the grammar cannot see it
-            resolved = resolve_inline_conditionals(source)
+        # an #if inside a statement, a macro statement without its semicolon: the grammar
+        # cannot see them; the reading the grammar loses less of is kept
+        for fix in (resolve_inline_conditionals, blank_bare_macro_calls):
+            if not tree.root_node.has_error:
+                break
+            resolved = fix(source)
             if resolved != source:
                 again = self.parser.parse(resolved.encode("latin-1"))
                 if _error_bytes(again.root_node) < _error_bytes(tree.root_node):

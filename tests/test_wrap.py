@@ -260,6 +260,56 @@ def test_a_launch_written_in_a_macro_is_launched_by_the_functions_that_invoke_it
     assert "#define FOO(NTX)" in w.code and "void k_f(" in w.code
 
 
+def test_a_macro_name_defined_again_launches_from_the_functions_in_its_own_scope(tmp_path):
+    """SparseConvNet's AffineReluTrivialConvolution.cu defines `FOO` before the forward and
+    again (after `#undef FOO`) before the backward, and both functions expand it as bare
+    statements without semicolons (`FOO(T, 32, 8)` on its own line), which the grammar reads
+    as one broken expression that swallows the rest of the file. Each kernel is launched by
+    the function that expands its own `FOO`, and the backward is found at all."""
+    from miner.discover import discover
+    from wrappers.mined import launcher_candidates
+
+    (tmp_path / "k.cu").write_text(
+        "template <typename T, int K>\n"
+        "__global__ void fwd_k(T *x, int n) { if (threadIdx.x < n) x[threadIdx.x] *= K; }\n"
+        "template <typename T, int K>\n"
+        "__global__ void bwd_k(T *x, int n) { if (threadIdx.x < n) x[threadIdx.x] /= K; }\n"
+        "#define FOO(T, K) \\\n  { if (n % K == 0) { fwd_k<T, K><<<1, K>>>(x, n); return; } }\n"
+        "template <typename T>\nvoid fwd(T *x, int n) {\n  FOO(T, 4)\n  FOO(T, 1)\n}\n"
+        "#undef FOO\n"
+        "#define FOO(T, K) \\\n  { if (n % K == 0) { bwd_k<T, K><<<1, K>>>(x, n); return; } }\n"
+        "template <typename T>\nvoid bwd(T *x, int n) {\n  FOO(T, 8)\n  FOO(T, 2)\n}\n"
+        "#undef FOO\n"
+        "template <typename T>\nvoid after(T *x, int n) { fwd<T>(x, n); }\n"
+    )
+    disc = discover(tmp_path)
+    index = LauncherIndex(disc)
+    assert [it.names[0] for it in launcher_candidates(kernel(disc, "fwd_k"), disc, index)] == [
+        "fwd"
+    ]
+    assert [it.names[0] for it in launcher_candidates(kernel(disc, "bwd_k"), disc, index)] == [
+        "bwd"
+    ]
+    functions = [it.names[0] for it in disc.models["k.cu"].items if it.kind == "function"]
+    assert functions == ["fwd", "bwd", "after"]  # nothing after the bare statements is lost
+    sites = {
+        k.name: disc.launches[id(k)] for k in (kernel(disc, n).kdef for n in ("fwd_k", "bwd_k"))
+    }
+    assert [s.template_args for s in sites["fwd_k"]] == ["T, 4"]  # its own FOO's first use
+    assert [s.template_args for s in sites["bwd_k"]] == ["T, 8"]  # not the forward's
+
+
+def test_only_bare_macro_statements_are_blanked_for_the_grammar():
+    from miner.textprep import blank_bare_macro_calls
+
+    source = "void f() {\n  FOO(T, 4)\n  BAR(x);\n  y = MAX(a, b);\n  FOO(T, 1)\n}\nTOP(k)\n"
+    blanked = blank_bare_macro_calls(source)
+    assert len(blanked) == len(source) and blanked.count("\n") == source.count("\n")
+    assert "FOO" not in blanked  # statements of their own, no semicolon: blanked
+    assert "BAR(x);" in blanked and "MAX(a, b)" in blanked  # a statement, an expression
+    assert "TOP(k)" in blanked  # outside any function: a declaration macro, left to the grammar
+
+
 POINTER_LAUNCHER = """#include <cstdint>
 using Int = int32_t;
 using Rules = std::vector<std::vector<Int>>;
@@ -323,6 +373,35 @@ def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
     only = _pointer_launcher_label(tmp_path, ("float", "half"))
     assert "at::kFloat" in only.code and "at::kDouble" not in only.code
     assert 'TORCH_CHECK(false, "pool_ForwardPass: float only")' in only.code
+
+
+def test_a_pointer_launcher_that_returns_a_number_hands_it_back(tmp_path):
+    """SparseConvNet's `double dConvolution_forward2(T *in, T *out, T *w, RuleBook rules,
+    ...)` returns its flop count: the adapter returns it as a Python number (and passes the
+    rule book, a vector of vectors of ints, as pybind converts it)."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "conv.cu").write_text(
+        "#include <cstdint>\nusing Int = int32_t;\n"
+        "using RuleBook = std::vector<std::vector<Int>>;\n"
+        "template <typename T>\n__global__ void mm(T *in, T *out, Int n) {\n"
+        "  if (threadIdx.x < n) out[threadIdx.x] = in[threadIdx.x];\n}\n"
+        "template <typename T>\ndouble conv_forward2(T *in, T *out, RuleBook rules, Int n) {\n"
+        "  mm<T><<<1, 32>>>(in, out, n);\n  return 2.0 * n * rules.size();\n}\n"
+        "struct Metadata { Int size; };\n"
+        "template <typename T>\n"
+        "void cuda_conv(Metadata &m, T *in) { conv_forward2<T>(in, in, {}, 2); }\n"
+    )
+    disc = discover(tmp_path)
+    w = mine_wrapper(kernel(disc, "mm"), Extractor(disc), LauncherIndex(disc))
+    assert w is not None and w.chain == ["conv_forward2"]
+    assert (
+        "double kminer_conv_forward2(at::Tensor in, at::Tensor out, "
+        "std::vector<std::vector<int32_t>> rules, int64_t n)" in w.code
+    )
+    assert "return static_cast<double>(conv_forward2<scalar_t>(" in w.code
+    assert [f.name for f in w.functions()] == ["kminer_conv_forward2"]
 
 
 def test_a_launcher_the_grammar_reads_as_a_declaration_is_still_a_launcher(tmp_path):

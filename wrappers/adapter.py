@@ -67,9 +67,11 @@ def adapt(
     typenames = _TYPENAMES.findall(sig.template)
     if sig.template and (len(typenames) != 1 or "," in sig.template):
         return None  # only `template <typename T>`: one dtype to dispatch on
-    if sig.returns != "void":
-        return None
     names = aliases(code)
+    returned = "" if sig.returns == "void" else _arith(sig.returns, names)
+    if sig.returns != "void" and not returned:
+        return None  # a number comes back as a Python number (SparseConvNet's flop count)
+    host_return = {"": "void", "bool": "bool", "float": "double", "int": "int64_t"}[returned]
     params, call, dispatch = [], [], ""
     for i, (ptype, pname) in enumerate(sig.params):
         name = pname or f"arg{i}"
@@ -107,19 +109,24 @@ def adapt(
     floating = [t for t in dtypes if t in _SCALAR_TYPES]
     if typenames and not floating:
         return None
+    give = f"return static_cast<{host_return}>(" if returned else ""
+    close = ")" if returned else ""
     if typenames:
         branches = "".join(
             f"  if ({dispatch}.scalar_type() == {_SCALAR_TYPES[t]}) {{\n"
-            f"    using scalar_t = {t};\n    {sig.qualified}<scalar_t>({args});\n"
-            "    return;\n  }\n"
+            f"    using scalar_t = {t};\n    {give}{sig.qualified}<scalar_t>({args}){close};\n"
+            + ("" if returned else "    return;\n")
+            + "  }\n"
             for t in floating
         )
         only = " or ".join(floating)
         body = f'{branches}  TORCH_CHECK(false, "{sig.name}: {only} only");\n'
+        if returned:
+            body += f"  return {host_return}();\n"
     else:
-        body = f"  {sig.qualified}({args});\n"
+        body = f"  {give}{sig.qualified}({args}){close};\n"
     text = (
         f"// kminer adapter: {sig.name} takes device pointers; each is a tensor's data here\n"
-        f"void {adapter}({decl}) {{\n{body}}}\n"
+        f"{host_return} {adapter}({decl}) {{\n{body}}}\n"
     )
-    return Signature(adapter, adapter, "void", params), text
+    return Signature(adapter, adapter, host_return, params), text

@@ -178,8 +178,17 @@ def _macro_invokers(disc: Discovery, index: LauncherIndex, site) -> list[Item]:
     for m in DEFINE_LINE.finditer(model.code):
         first, last = model.lines.line(m.start()), model.lines.line(max(m.start(), m.end() - 1))
         if first <= site.line <= last and m.group("params") is not None:
-            callers = index.callers.get(m.group("name"), [])
-            return [c for c in _nearest_first(callers, site.file) if c.kind == "function"]
+            name = m.group("name")
+            callers = [c for c in index.callers.get(name, []) if c.kind == "function"]
+            # a name defined again further on, or undefined, is another macro from there
+            # (SparseConvNet defines `FOO` before each function that expands it, then #undef)
+            again = re.compile(rf"^[ \t]*#[ \t]*(?:define|undef)[ \t]+{re.escape(name)}\b", re.M)
+            end = again.search(model.code, m.end())
+            scoped = [c for c in callers if c.file == site.file and m.end() <= c.start]
+            if end is not None:
+                return [c for c in scoped if c.start < end.start()]
+            others = [c for c in callers if c.file != site.file]
+            return scoped + _nearest_first(others, site.file)
     return []
 
 
