@@ -245,3 +245,31 @@ def test_examples_give_the_calls_no_test_makes(gpu_repo, tmp_path):
     assert call.args[0].shape == (2, 3) and call.args[1] == 2
     # an op the tests call is not recorded again from the examples
     assert all(c.test_file.startswith("tests/") for c in calls.get("segment_sum", []))
+
+
+def test_what_a_package_init_imports_is_imported_for_its_side_effects(tmp_path):
+    """pytorch_sparse's `__init__` imports `diag.py`, which ends with
+    `SparseTensor.set_diag = ...`: the recorder never runs `__init__`, so a test calling
+    `mat.set_diag(...)` failed before any extension call. The submodules `__init__` imports
+    are imported before the tests run, and the call is recorded."""
+    repo = tmp_path / "repo"
+    (repo / "boxlib").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "boxlib" / "__init__.py").write_text(
+        "import framework_that_is_not_installed  # noqa\n"
+        "from .core import Box  # noqa\nfrom .scaling import scale_box  # noqa\n"
+    )
+    (repo / "boxlib" / "core.py").write_text(
+        "class Box:\n    def __init__(self, x):\n        self.x = x\n"
+    )
+    (repo / "boxlib" / "scaling.py").write_text(
+        "from boxlib import _ext\nfrom boxlib.core import Box\n\n\n"
+        "def scale_box(self, factor):\n    return _ext.scale_forward(self.x, factor)\n\n\n"
+        "Box.scale = scale_box\n"
+    )
+    (repo / "tests" / "test_box.py").write_text(
+        "import torch\nfrom boxlib.core import Box\n\n\n"
+        "def test_scale():\n    Box(torch.ones(3)).scale(2.0)\n"
+    )
+    calls = record_repo_calls(repo, tmp_path / "cache")
+    assert [(c.args[0].tolist(), c.args[1]) for c in calls["scale_forward"]] == [([1.0] * 3, 2.0)]

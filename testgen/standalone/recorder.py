@@ -9,7 +9,9 @@ recorder that snapshots each call's arguments. What the tests need and this mach
 - imports the repository needs (mmengine, cv2, ...) become inert stubs; a stub's
   `is_<device>_available()` says True for CUDA only;
 - top-level packages load without running their `__init__` (which pulls in the whole framework);
-  a name that `__init__` would have imported from a submodule is imported from it on first use;
+  a name that `__init__` would have imported from a submodule is imported from it on first use,
+  and the submodules it imports are imported (best effort) before the tests run, for what they
+  do on import (`SparseTensor.set_diag = ...`);
 - custom operators the repository registers under `torch.ops.<its package>` record like the
   extension module, and `torch.ops.load_library` of its own libraries does nothing;
 - without a GPU, CUDA is pretended (`torch.cuda.is_available()`, `.cuda()`, `device='cuda'`)
@@ -291,6 +293,22 @@ class _Package(types.ModuleType):
                     exports.setdefault(alias.asname or alias.name, (module, alias.name))
         self.__dict__["_kminer_exports"] = (exports, stars, constants)
         return exports, stars, constants
+
+
+def _load_package_submodules() -> None:
+    """Import, best effort, the submodules each repository package's `__init__` would have
+    imported. What they do on import is part of the package: pytorch_sparse's `diag.py` ends
+    with `SparseTensor.set_diag = ...`, and a test calling `mat.set_diag(...)` fails without
+    it (no call of `non_diag_mask` is ever made)."""
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, _Package) or module.__dict__.get("_kminer_loaded"):
+            continue
+        module.__dict__["_kminer_loaded"] = True
+        exports, stars, _ = module._exports()
+        for sub in dict.fromkeys([*(m for m, _ in exports.values()), *stars]):
+            if sub:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(f"{name}.{sub}")
 
 
 @functools.cache
@@ -902,6 +920,10 @@ def main(argv: list[str]) -> int:
             items[:] = [item for item in items if id(item) in keep]
 
         @staticmethod
+        def pytest_collection_finish(session):
+            _load_package_submodules()  # the tests' imports made the packages
+
+        @staticmethod
         def pytest_runtest_setup(item):
             log.begin()
             left = RECORD_BUDGET_S - (time.monotonic() - started)
@@ -942,6 +964,7 @@ def main(argv: list[str]) -> int:
             pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
         if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
             left = RECORD_BUDGET_S - (time.monotonic() - started)  # main block calls (pytest
+            _load_package_submodules()
             _run_script(test_file, tree, max(left, 1.0))  # finds no fixture `Group`)
         log.begin()
     calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
