@@ -251,8 +251,11 @@ def template_arguments(
                 return None  # a traits class or an object's class (a hash table's device view
                 # whose members the kernel calls), not an element type: no dtype stands in
             literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
+            default = (tp["default"] or "").split()
             if _INDEX_NAME.match(name):
                 value = literal or "int"
+            elif default and set(default) <= _BUILTIN_TYPES - {"float", "double", "bool"}:
+                value = literal or " ".join(default)  # `key_type = int64_t`: keys, no dtype
             elif not dtype_given:
                 value, dtype_given = dtype, True
             else:

@@ -210,3 +210,26 @@ def test_a_header_only_library_of_the_system_is_found_and_travels_in_bundles(tmp
     carried = _header_libraries({"labels/a.cu": text.encode(), "b.cu": b"#include <cuda.h>\n"})
     assert "include/eigen3/Eigen/Dense" in carried
     assert not any(k.startswith("include/eigen3/unsupported/") for k in carried)  # not included
+
+
+@needs_nvcc
+def test_a_template_type_with_an_integer_default_keeps_it(tmp_path):
+    """torchsparse's hash table: `template <typename key_type=int64_t, typename val_type=int>
+    __global__ void insert_kernel(key_type *keys, ...)` does `atomicCAS` on its keys, which no
+    float overload takes: the unit instantiates the integer defaults, not a dtype."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "__device__ long long cas(long long *a, long long c, long long v) {\n"
+        "  return (long long)atomicCAS((unsigned long long *)a, (unsigned long long)c,\n"
+        "                              (unsigned long long)v);\n}\n"
+        "template <typename key_type = long long, typename val_type = int>\n"
+        "__global__ void insert_kernel(key_type *keys, val_type *vals, int n) {\n"
+        "  int i = threadIdx.x; if (i < n) { cas(keys + i, 0, i + 1); vals[i] = i; }\n}\n"
+    )
+    disc = discover(tmp_path)
+    res, result = _compile(disc, Extractor(disc), "insert_kernel")
+    assert result.status == Status.OK, result.log
+    assert "using key_type = long long;" in res.unit.text
+    assert "using key_type = float;" not in res.unit.text

@@ -172,6 +172,29 @@ def test_batch_source_namespaces_bodies_and_hoists_includes(opchain):
     assert body.startswith("//") and "kminer_bind" in body and "PYBIND11_MODULE" not in body
 
 
+def test_operators_on_cuda_vector_types_stay_at_global_scope():
+    """Inside the label's namespace, an `operator+` for float2 is found by no lookup from
+    CUB's code (which finds operators by argument-dependent lookup, in float2's namespace):
+    it goes ahead of the namespace, once per batch, and the body keeps its line count."""
+    label = (
+        "#include <cuda_runtime.h>\n// kminer-label-body-begin\n"
+        "inline __device__ float2 operator+(const float2 & a, const float2 & b){\n"
+        "    return {a.x + b.x, a.y + b.y};\n}\n"
+        "struct Acc { float v; };\n"
+        "__device__ Acc operator+(const Acc &a, const Acc &b) { return {a.v + b.v}; }\n"
+        "void kminer_bind(pybind11::module_& m) {}\n"
+    )
+    source, _ = batch_source([("aa", label), ("bb", label)], "kminer_batch")
+    hoisted = source.index("inline __device__ float2 operator+")
+    assert source.count("inline __device__ float2 operator+") == 1  # once for both labels
+    assert hoisted < source.index("namespace kminer_aa {")
+    assert source.count("operator+(const Acc &a") == 2  # the label's own type: stays inside
+    aa = source[source.index("namespace kminer_aa {") : source.index("}  // namespace kminer_aa")]
+    assert aa.count("\n") == source[source.index("namespace kminer_bb {") :].split(
+        "}  // namespace kminer_bb"
+    )[0].count("\n")
+
+
 def test_blame_attributes_errors_to_labels():
     log = (
         'kminer_aa.cu(12): error: identifier "x" is undefined\n\n'
@@ -210,10 +233,22 @@ def test_batch_build_isolates_a_broken_label(opchain):
         "template __device__ at::BFloat16 shift_up<at::BFloat16>(at::BFloat16);\n"
         "template __device__ at::Half shift_up<at::Half>(at::Half);\n",
     )
+    # mamba defines `operator+` for float2 at global scope, and CUB's reduction finds it by
+    # argument-dependent lookup (as std::plus does here): it must stay out of the namespace
+    vector_op = good.text.replace("// kminer-label-body-begin\n", "#include <functional>\n", 1)
+    vector_op = vector_op.replace(
+        "#include <functional>\n",
+        "#include <functional>\n// kminer-label-body-begin\n"
+        "inline __device__ float2 operator+(const float2 &a, const float2 &b) {\n"
+        "  return {a.x + b.x, a.y + b.y};\n}\n"
+        "__global__ void add2(float2 *x) { x[0] = std::plus<float2>()(x[0], x[1]); }\n",
+        1,
+    )
     labels = [("good", good.text), ("functor", functor.text), ("broken", broken)]
-    results = build_batch([*labels, ("intrinsic", intrinsic)])
+    results = build_batch([*labels, ("intrinsic", intrinsic), ("vector_op", vector_op)])
     assert results["good"].ok and results["functor"].ok, results
     assert results["intrinsic"].ok, results["intrinsic"].detail
+    assert results["vector_op"].ok, results["vector_op"].detail
     assert not results["broken"].ok and "undefined_thing" in results["broken"].detail
 
 

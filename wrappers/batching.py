@@ -63,9 +63,15 @@ def batch_source(
             for line_no in placed[key]:
                 owners.setdefault(line_no, set()).add(cid)
         bodies.append((cid, body))
+    hoisted: set[str] = set()
     for cid, body in bodies:
         macros = sorted(set(_DEFINE.findall(body)))
         body = _requalify(body, f"kminer_{cid}")
+        body, operators = _global_operators(body)
+        for text in operators:  # once per batch: two labels may carry the same one
+            if text not in hoisted:
+                hoisted.add(text)
+                out.append(text)
         out += [
             f"namespace kminer_{cid} {{",
             *[f"using ::{name};" for name in sorted(set(_INTRINSIC_OVERLOAD.findall(body)))],
@@ -95,6 +101,35 @@ _INTRINSIC_OVERLOAD = re.compile(
     r"^[^=;/(]*__device__[^=;(]*[\s*&](__shfl\w*|__ldg\w*)\s*\(", re.MULTILINE
 )
 _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
+# An operator a repository defines at global scope for CUDA's own vector types (mamba:
+# `float2 operator+(const float2 &, const float2 &)`, which `cub::BlockReduce<float2>::Sum`
+# finds by argument-dependent lookup): inside the label's namespace no lookup from CUB's code
+# finds it, so it stays at global scope, ahead of the namespace, once per batch.
+_VECTOR_TYPE = r"(?:const\s+)?(?:__)?(?:float|double|u?int|u?short|u?char|u?long(?:long)?|half|nv_bfloat16)[1-4]\s*&?\s*\w*"
+_GLOBAL_OPERATOR = re.compile(
+    r"^(?:(?:inline|static|__host__|__device__|__forceinline__|constexpr)\s+)*[\w:]+\s*&?\s*"
+    rf"operator\s*[-+*/%^&|]=?\s*\(\s*{_VECTOR_TYPE}\s*(?:,\s*{_VECTOR_TYPE}\s*)?\)\s*\{{",
+    re.MULTILINE,
+)
+
+
+def _global_operators(body: str) -> tuple[str, list[str]]:
+    """The body without its operators on CUDA vector types (blank lines in their place, so
+    line numbers hold), and those operators' texts."""
+    found = []
+    for m in reversed(list(_GLOBAL_OPERATOR.finditer(body))):
+        depth, end = 0, None
+        for j in range(m.end() - 1, len(body)):
+            depth += (body[j] == "{") - (body[j] == "}")
+            if depth == 0:
+                end = j + 1
+                break
+        if end is None:
+            continue
+        text = body[m.start() : end]
+        found.append(text)
+        body = body[: m.start()] + "\n" * text.count("\n") + body[end:]
+    return body, found[::-1]
 
 
 def _requalify(body: str, outer: str) -> str:
