@@ -234,14 +234,17 @@ def test_batch_build_isolates_a_broken_label(opchain):
         "template __device__ at::Half shift_up<at::Half>(at::Half);\n",
     )
     # mamba defines `operator+` for float2 at global scope, and CUB's reduction finds it by
-    # argument-dependent lookup (as std::plus does here): it must stay out of the namespace
-    vector_op = good.text.replace("// kminer-label-body-begin\n", "#include <functional>\n", 1)
-    vector_op = vector_op.replace(
-        "#include <functional>\n",
-        "#include <functional>\n// kminer-label-body-begin\n"
+    # argument-dependent lookup: it must stay out of the label's namespace
+    vector_op = good.text.replace(
+        "// kminer-label-body-begin\n",
+        "#include <cub/block/block_reduce.cuh>\n// kminer-label-body-begin\n"
         "inline __device__ float2 operator+(const float2 &a, const float2 &b) {\n"
         "  return {a.x + b.x, a.y + b.y};\n}\n"
-        "__global__ void add2(float2 *x) { x[0] = std::plus<float2>()(x[0], x[1]); }\n",
+        "__global__ void sum2(float2 *x) {\n"
+        "  using Reduce = cub::BlockReduce<float2, 32>;\n"
+        "  __shared__ typename Reduce::TempStorage scratch;\n"
+        "  float2 total = Reduce(scratch).Sum(x[threadIdx.x]);\n"
+        "  if (threadIdx.x == 0) x[0] = total;\n}\n",
         1,
     )
     labels = [("good", good.text), ("functor", functor.text), ("broken", broken)]

@@ -105,7 +105,10 @@ _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
 # `float2 operator+(const float2 &, const float2 &)`, which `cub::BlockReduce<float2>::Sum`
 # finds by argument-dependent lookup): inside the label's namespace no lookup from CUB's code
 # finds it, so it stays at global scope, ahead of the namespace, once per batch.
-_VECTOR_TYPE = r"(?:const\s+)?(?:__)?(?:float|double|u?int|u?short|u?char|u?long(?:long)?|half|nv_bfloat16)[1-4]\s*&?\s*\w*"
+_VECTOR_TYPE = (
+    r"(?:const\s+)?(?:__)?(?:float|double|u?int|u?short|u?char|u?long(?:long)?|half|nv_bfloat16)"
+    r"[1-4]\s*&?\s*\w*"
+)
 _GLOBAL_OPERATOR = re.compile(
     r"^(?:(?:inline|static|__host__|__device__|__forceinline__|constexpr)\s+)*[\w:]+\s*&?\s*"
     rf"operator\s*[-+*/%^&|]=?\s*\(\s*{_VECTOR_TYPE}\s*(?:,\s*{_VECTOR_TYPE}\s*)?\)\s*\{{",
