@@ -321,6 +321,14 @@ exec sh -c "$last"
 """
 
 
+def _interruptible() -> None:
+    """kminer as a terminal starts it: SIGINT delivered and handled. A test worker may have
+    it ignored or blocked by code that ran in it before (both are inherited across exec), and
+    the Ctrl-C this test sends would then never reach kminer."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("to", ["group", "process"], ids=["ctrl-c", "sigint-to-kminer"])
 def test_interrupted_clone_leaves_nothing_and_rerun_resumes(tmp_path, to):
     up = git_repo(tmp_path / "up", {"k.cu": KERNEL})
@@ -340,6 +348,7 @@ def test_interrupted_clone_leaves_nothing_and_rerun_resumes(tmp_path, to):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_interruptible,
     )
     deadline = time.monotonic() + 60
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
