@@ -64,14 +64,14 @@ def _calls(body: str):
 
 
 def _check(code: str, name: str, tensors: list[str], depth: int, found: dict) -> bool:
-    """Whether `name`'s body uses the tensors at these parameter positions as n elements;
-    the element type of each one's data pointer goes into `found` (by position)."""
+    """Whether `name`'s body uses its parameters `tensors` as n elements; the element type
+    of each one's data pointer goes into `found` (by parameter name)."""
     defined = _definition(code, name)
     if defined is None:
         return False
     params, body = defined
     names = _param_names(params)
-    watched = {n: k for n, k in zip(names, range(len(names)), strict=True) if n in tensors}
+    watched = [n for n in names if n in tensors]
     passed = {}  # tensor name -> [(callee, argument position)]
     for callee, args in _calls(body):
         for i, a in enumerate(args):
@@ -79,8 +79,7 @@ def _check(code: str, name: str, tensors: list[str], depth: int, found: dict) ->
                 passed.setdefault(a, []).append((callee, i))
     for tensor in watched:
         for m in re.finditer(rf"(?<![\w.]){re.escape(tensor)}\b", body):
-            use = _USE.match(body, m.end())
-            if use is not None:
+            if _USE.match(body, m.end()) is not None:
                 pointer = _POINTER.match(body, m.end())
                 if pointer:
                     found[tensor] = pointer.group(1)
