@@ -19,6 +19,18 @@ DEFINE_LINE = re.compile(
     r"(?P<body>(?:[^\n\\]|\\.|\\\n)*)",
     re.MULTILINE,
 )
+
+
+def define_scope_end(code: str, define: re.Match) -> int:
+    """Where the macro a `DEFINE_LINE` match defines stops holding: the next `#define` or
+    `#undef` of its name (SparseConvNet defines `FOO` anew before each function that expands
+    it), else the end of the text."""
+    name = re.escape(define.group("name"))
+    again = re.compile(rf"^[ \t]*#[ \t]*(?:define|undef)[ \t]+{name}\b", re.MULTILINE)
+    found = again.search(code, define.end())
+    return found.start() if found is not None else len(code)
+
+
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\S")
 

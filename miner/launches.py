@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import re
 
-from miner.aliases import DEFINE_LINE
+from miner.aliases import DEFINE_LINE, define_scope_end
 from miner.candidate import LaunchSite
 from miner.filemodel import Cond, FileModel, Include
 from miner.includes import IncludeResolver
@@ -188,11 +188,8 @@ def _through_macro(model: FileModel, pos: int, targs: str) -> str:
         if not (m.start() <= pos < m.end()) or m.group("params") is None:
             continue
         params = [p.strip() for p in m.group("params")[1:-1].split(",")]
-        name = re.escape(m.group("name"))
-        call = re.compile(rf"\b{name}\s*\(")
-        again = re.compile(rf"^[ \t]*#[ \t]*(?:define|undef)[ \t]+{name}\b", re.M)
-        end = again.search(code, m.end())
-        for inv in call.finditer(code, m.end(), end.start() if end is not None else len(code)):
+        call = re.compile(rf"\b{re.escape(m.group('name'))}\s*\(")
+        for inv in call.finditer(code, m.end(), define_scope_end(code, m)):
             if any(d.start() <= inv.start() < d.end() for d in DEFINE_LINE.finditer(code)):
                 continue
             depth, j = 0, inv.end() - 1

@@ -285,18 +285,30 @@ def channel_tiling(
 _NO_MODE = re.compile(r"verbose|debug|print|log|check|profil|sync|timing", re.IGNORECASE)
 
 
-def flag_flips(base: list[BaseCall], names: list[str] | None = None) -> list[tuple[int, list]]:
-    """The first call with one boolean argument flipped, for each boolean the recorded calls
-    never vary (a kernel launched only in the mode they never ask for, as batch norm's
-    inference pass under a training script, is reached at all); not a flag that only says how
-    much to print or check. The reference gets the same flag: a mode it refuses is invalid."""
+def _modes(base: list[BaseCall], names: list[str] | None, kind: type) -> list[int]:
+    """Positions of the arguments of type `kind` in every base call that may choose a mode:
+    not one whose name says it only sets how much to print or check."""
     names = names or [""] * len(base[0].args)
+    return [
+        i
+        for i, a in enumerate(base[0].args)
+        if isinstance(a, kind)
+        and not _NO_MODE.search((names[i] if i < len(names) else "") or "")
+        and all(i < len(b.args) and isinstance(b.args[i], kind) for b in base)
+    ]
+
+
+def flag_flips(
+    base: list[BaseCall], names: list[str] | None = None
+) -> list[tuple[int, list, bool]]:
+    """(argument, args, value it had): the first call with one boolean argument flipped, for
+    each boolean the recorded calls never vary (a kernel launched only in the mode they never
+    ask for, as batch norm's inference pass under a training script, is reached at all). The
+    reference gets the same flag: a mode it refuses is invalid."""
     out = []
-    for i, a in enumerate(base[0].args):
-        name = names[i] if i < len(names) else ""
-        if not isinstance(a, bool) or _NO_MODE.search(name or ""):
-            continue
-        if all(i < len(b.args) and b.args[i] is a for b in base):
+    for i in _modes(base, names, bool):
+        a = base[0].args[i]
+        if all(b.args[i] is a for b in base):
             args = [*base[0].args]
             args[i] = not a
             out.append((i, args, a))
@@ -334,14 +346,8 @@ def mode_crosses(
     its arguments) was never recorded with it: scatter's min/max over a broadcast row runs a
     kernel of its own, yet the tests ask for min/max on flat rows only. Per mode, the call of
     highest rank that is new to it."""
-    names = names or [""] * len(base[0].args)
     out = []
-    for i, a in enumerate(base[0].args):
-        name = names[i] if i < len(names) else ""
-        if not isinstance(a, str) or _NO_MODE.search(name or ""):
-            continue
-        if not all(i < len(b.args) and isinstance(b.args[i], str) for b in base):
-            continue
+    for i in _modes(base, names, str):
         values = list(dict.fromkeys(b.args[i] for b in base))
         if len(values) < 2:
             continue

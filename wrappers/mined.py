@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miner.aliases import DEFINE_LINE
+from miner.aliases import DEFINE_LINE, define_scope_end
 from miner.closure import Closure, compute_closure
 from miner.extract import Extractor
 from miner.filemodel import Item
@@ -180,13 +180,10 @@ def _macro_invokers(disc: Discovery, index: LauncherIndex, site) -> list[Item]:
         if first <= site.line <= last and m.group("params") is not None:
             name = m.group("name")
             callers = [c for c in index.callers.get(name, []) if c.kind == "function"]
-            # a name defined again further on, or undefined, is another macro from there
-            # (SparseConvNet defines `FOO` before each function that expands it, then #undef)
-            again = re.compile(rf"^[ \t]*#[ \t]*(?:define|undef)[ \t]+{re.escape(name)}\b", re.M)
-            end = again.search(model.code, m.end())
-            scoped = [c for c in callers if c.file == site.file and m.end() <= c.start]
-            if end is not None:
-                return [c for c in scoped if c.start < end.start()]
+            end = define_scope_end(model.code, m)  # defined anew or undefined: another
+            scoped = [c for c in callers if c.file == site.file and m.end() <= c.start < end]
+            if end < len(model.code):
+                return scoped
             others = [c for c in callers if c.file != site.file]
             return scoped + _nearest_first(others, site.file)
     return []
