@@ -6,13 +6,16 @@ const Int *rules, bool average)`, whose callers take the library's own structure
 `Metadata<Dimension> &`) that pybind cannot pass. The launcher itself is the op's device half,
 and it is what the label keeps: the adapter takes a tensor for each pointer (its `data_ptr`),
 a Python number for each scalar, and instantiates a template launcher for the floating dtype
-of its first `T *` tensor (those its unit compiled with). The repository's code is unchanged.
+of its first `T *` tensor (those its unit compiled with). An object of a class the repository
+binds (`hashtable &table`) is made in the adapter from its bound constructor's arguments
+(wrappers.bound_class). The repository's code is unchanged.
 """
 
 from __future__ import annotations
 
 import re
 
+from wrappers.bound_class import BoundClass, construct, object_type
 from wrappers.signature import Signature, bindable_type
 
 _INTEGRAL = frozenset(
@@ -58,24 +61,39 @@ _SCALAR_TYPES = {"float": "at::kFloat", "double": "at::kDouble"}
 
 
 def adapt(
-    sig: Signature, code: str, dtypes: tuple[str, ...] = ("float", "double")
+    sig: Signature,
+    code: str,
+    dtypes: tuple[str, ...] = ("float", "double"),
+    classes: dict[str, BoundClass] | None = None,
 ) -> tuple[Signature, str] | None:
     """The adapter's signature and text for launcher `sig`, or None when a parameter is
-    neither a pointer to numbers nor a number (a struct, a reference, a pointer to pointer).
+    neither a pointer to numbers, a number, nor an object of one of `classes` (the bound
+    classes: wrappers.bound_class), or what it returns is neither a number nor bindable.
     A template launcher is instantiated only for `dtypes` that its unit compiled with
     (SparseConvNet's double convolution asks for more shared memory than a block has)."""
     typenames = _TYPENAMES.findall(sig.template)
     if sig.template and (len(typenames) != 1 or "," in sig.template):
         return None  # only `template <typename T>`: one dtype to dispatch on
     names = aliases(code)
-    returned = "" if sig.returns == "void" else _arith(sig.returns, names)
-    if sig.returns != "void" and not returned:
-        return None  # a number comes back as a Python number (SparseConvNet's flop count)
-    host_return = {"": "void", "bool": "bool", "float": "double", "int": "int64_t"}[returned]
-    params, call, dispatch = [], [], ""
+    number = "" if sig.returns == "void" else _arith(sig.returns, names)
+    if number:  # a number comes back as a Python number (SparseConvNet's flop count)
+        host_return = {"bool": "bool", "float": "double", "int": "int64_t"}[number]
+    elif sig.returns == "void" or bindable_type(_resolved(sig.returns, names)):
+        host_return = _resolved(sig.returns, names)  # tensors come back as they are
+    else:
+        return None
+    params, call, dispatch, prelude = [], [], "", ""
     for i, (ptype, pname) in enumerate(sig.params):
         name = pname or f"arg{i}"
         core = " ".join(re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", ptype).split())
+        cls = (classes or {}).get(_resolved(object_type(ptype), names))
+        cls = cls or (classes or {}).get(object_type(ptype))
+        if cls is not None and core.count("*") <= 1:  # built from its constructor's arguments
+            made, line = construct(cls, name)
+            params += made
+            prelude += line
+            call.append(f"&{name}" if core.endswith("*") else name)
+            continue
         if core.endswith("*") and core.count("*") == 1:
             base = core[:-1].strip()
             if typenames and base == typenames[0]:
@@ -109,8 +127,9 @@ def adapt(
     floating = [t for t in dtypes if t in _SCALAR_TYPES]
     if typenames and not floating:
         return None
-    give = f"return static_cast<{host_return}>(" if returned else ""
-    close = ")" if returned else ""
+    returned = host_return != "void"
+    give = f"return static_cast<{host_return}>(" if number else ("return " if returned else "")
+    close = ")" if number else ""
     if typenames:
         branches = "".join(
             f"  if ({dispatch}.scalar_type() == {_SCALAR_TYPES[t]}) {{\n"
@@ -125,6 +144,7 @@ def adapt(
             body += f"  return {host_return}();\n"
     else:
         body = f"  {give}{sig.qualified}({args}){close};\n"
+    body = prelude + body
     text = (
         f"// kminer adapter: {sig.name} takes device pointers; each is a tensor's data here\n"
         f"{host_return} {adapter}({decl}) {{\n{body}}}\n"

@@ -95,10 +95,14 @@ def batch_source(
 
 
 # A repository may overload a CUDA intrinsic at global scope (pytorch_scatter: __shfl_up_sync
-# for at::Half). Inside the label's namespace that overload would hide the global ones (the
-# bfloat16 __shfl_up_sync), so the namespace brings them back with a using-declaration.
+# for at::Half; torchsparse: atomicCAS for int8_t, built on the int one). Inside the label's
+# namespace that overload would hide the global ones (the bfloat16 __shfl_up_sync, the
+# `atomicCAS(int *, int, int)` it calls), so the namespace brings them back with a
+# using-declaration.
 _INTRINSIC_OVERLOAD = re.compile(
-    r"^[^=;/(]*__device__[^=;(]*[\s*&](__shfl\w*|__ldg\w*)\s*\(", re.MULTILINE
+    r"^[^=;/(]*__device__[^=;(]*[\s*&](__shfl\w*|__ldg\w*"
+    r"|atomic(?:Add|Sub|Exch|Min|Max|Inc|Dec|CAS|And|Or|Xor)(?:_block|_system)?)\s*\(",
+    re.MULTILINE,
 )
 _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
 # An operator a repository defines at global scope for CUDA's own vector types (mamba:

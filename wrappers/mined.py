@@ -20,7 +20,8 @@ from miner.filemodel import Item
 from miner.linearize import Entry
 from miner.repo_model import Discovery, FoundKernel
 from miner.unit import render_host_code
-from wrappers.adapter import adapt
+from wrappers.adapter import adapt, aliases
+from wrappers.bound_class import BoundClass, bound_classes, method_adapter, method_signature
 from wrappers.label import Exposed
 from wrappers.signature import Signature, bindable, parse_signature
 
@@ -70,6 +71,21 @@ class LauncherIndex:
                     for ref in _expanded(item.refs, macros):
                         self.callers.setdefault(ref, []).append(item)
         self.enums = frozenset(enums)
+        codes = {f: m.code for f, m in disc.models.items()}
+        self.classes = bound_classes(codes, aliases("\n".join(codes.values())))
+
+    def method(self, item: Item) -> tuple[BoundClass, Signature] | None:
+        """The bound class and plain signature of a method defined outside its class."""
+        model = self.disc.models.get(item.file)
+        if model is None or item.kind != "function" or not item.names:
+            return None
+        code = model.code[item.start : item.end]
+        for cls in self.classes.values():
+            if cls.template in code:
+                sig = method_signature(code, item.names[0], cls.template)
+                if sig is not None:
+                    return cls, sig
+        return None
 
     def calls_its_own(self, caller: Item, name: str, item: Item) -> bool:
         """Whether `caller` calls another function named `name` than `item`: one defined in
@@ -311,7 +327,8 @@ def mine_wrapper(
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
         return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
-    return _adapted(fk, extractor, index, dtypes or ("float", "double"))
+    adapted = _adapted(fk, extractor, index, dtypes or ("float", "double"))
+    return adapted or _method_adapted(fk, extractor, index)
 
 
 def _adapted(
@@ -328,10 +345,39 @@ def _adapted(
             continue
         _link_declared(closure, extractor, launcher)
         includes, code = render_host_code(closure, extractor.disc.models)
-        made = adapt(sig, code, dtypes)
+        made = adapt(sig, code, dtypes, index.classes)
         if made is None:
             continue
         adapter_sig, adapter_code = made
         chain = [launcher.names[0]]
         return MinedWrapper(launcher, [adapter_sig], includes, f"{code}\n{adapter_code}", chain)
+    return None
+
+
+def _method_adapted(fk: FoundKernel, extractor: Extractor, index: LauncherIndex):
+    """A launcher that is a method of a class the repository binds (torchsparse's
+    `GPUHashTable<K, V>::insert_many`): the nearest method up its callers whose arguments
+    pybind can pass (`insert_vals(at::Tensor keys)`), behind an adapter making the object
+    from its bound constructor's arguments (wrappers.bound_class)."""
+    if not index.classes:
+        return None
+    for launcher in launcher_candidates(fk, extractor.disc, index):
+        frontier, seen = [(launcher, [launcher.names[0]])], {id(launcher)}
+        for _ in range(3):
+            nxt = []
+            for item, chain in frontier:
+                found = index.method(item)
+                made = method_adapter(*found) if found else None
+                if made is not None:
+                    closure = _closure(item, extractor)
+                    if _holds(closure, fk):
+                        _link_declared(closure, extractor, item)
+                        includes, code = render_host_code(closure, extractor.disc.models)
+                        sig, text = made
+                        return MinedWrapper(launcher, [sig], includes, f"{code}\n{text}", chain)
+                for caller in index.callers.get(item.names[0], []):
+                    if id(caller) not in seen and caller.kind == "function" and caller.names:
+                        seen.add(id(caller))
+                        nxt.append((caller, [*chain, caller.names[0]]))
+            frontier = nxt
     return None
