@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from miner.candidate import Candidate
 from testgen.carry import bind_call, carry_down
+from testgen.index_rows import index_subsets
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable
 from testgen.resize import conv_resize, more_rows, row_subsets
@@ -391,7 +392,8 @@ def plan(
             out.base.append(b)
             add(f"binding_{k}_of_{b.rows_of}", len(out.base) - 1)
     for i, b in enumerate(base):
-        for m, args in row_subsets(b.args, names) + segment_subsets(b.args):
+        cuts = row_subsets(b.args, names) + segment_subsets(b.args)
+        for m, args in cuts or index_subsets(b.args, names):
             if shape_key(args) in shapes or len(out.base) - len(base) >= MAX_ROW_CALLS:
                 continue
             shapes.add(shape_key(args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from testgen.cases import BaseCall, plan, shape_key
+from testgen.index_rows import index_subsets
 from testgen.resize import more_rows, row_subsets
 from testgen.segments import more_segments, segment_subsets
 
@@ -203,3 +204,32 @@ def test_more_segments_are_recorded_segments_drawn_again():
     (_, (p, count)) = more_segments([rowptr, 8])
     assert count == int(p[-1])  # the count follows
     assert more_segments([rowptr, col, value, torch.randn(5, 4), "sum"]) is None
+
+
+def test_an_index_only_call_is_cut_to_its_first_entries():
+    """pytorch_sparse's non_diag_mask(row, col, M, N, k): no floating data, two recorded calls.
+    The COO entries are cut together (1, 2 and 3 of 4); the sizes M, N and the offset k stay."""
+    row, col = torch.tensor([0, 0, 9, 9]), torch.tensor([0, 1, 0, 1])
+    cut = index_subsets([row, col, 10, 2, -1], ["row", "col", "M", "N", "k"])
+    assert [m for m, _ in cut] == [1, 2, 3]
+    _, args = cut[-1]
+    assert args[0].tolist() == [0, 0, 9] and args[1].tolist() == [0, 1, 0]
+    assert args[2:] == [10, 2, -1]
+    p = plan([BaseCall([row, col, 10, 2, -1], "r")], [], ["row", "col", "M", "N", "k"])
+    assert [c["id"] for c in p.cases] == ["recorded_0", "rows1_of_0", "rows2_of_0", "rows3_of_0"]
+    named = index_subsets([torch.arange(5), 5], ["keys", "num"])
+    assert [a[1] for _, a in named] == [1, 2, 3]  # a count argument follows the cut
+
+
+def test_index_calls_whose_values_are_structure_get_no_cuts():
+    ptr = torch.tensor([0, 2, 2, 5, 6])
+    assert index_subsets([ptr, 6]) == []  # ptr2ind(ptr, E): E is what the offsets add up to
+    assert index_subsets([ptr, torch.arange(6)]) == []  # a CSR pointer over 6 items
+    ind = torch.tensor([0, 1, 1, 3, 4])
+    assert index_subsets([ind, 4]) == []  # 4 is the largest index: a total of the values
+    assert index_subsets([torch.tensor([2, 1, 3, 1]), 7]) == []  # lengths adding up to 7
+    assert index_subsets([ind, 5], ["ind", "M"]) == []  # the row count, not named as one
+    assert index_subsets([torch.tensor([[0, 1, 2], [1, 2, 0]])]) == []  # (2, E): a layout
+    assert index_subsets([ind, torch.zeros(3, 5)]) == []  # floating data: testgen.resize's
+    assert index_subsets([ind, torch.zeros(5, dtype=torch.long), 7]) != []
+    assert index_subsets([ind, torch.zeros(2, 5, dtype=torch.long), 7]) == []  # 5 elsewhere

@@ -827,6 +827,17 @@ def test_a_half_case_does_not_judge_indices_picked_among_near_ties(refrepo, tmp_
     assert module._half_picks([dist.float()], [dist.float()], "float16") == ""  # no integers
 
 
+def test_boolean_outputs_are_compared_exactly(refrepo, tmp_path):
+    """A mask (pytorch_sparse's non_diag_mask) is compared element for element like integers;
+    arithmetic on it (`abs` of a bool) crashed the test before any case ran."""
+    module = _generated_test_module(refrepo, tmp_path)
+    mask = torch.tensor([True, False, True])
+    ok, max_abs, _ = module._compare([mask.clone()], [mask], "float32")
+    assert ok and max_abs == 0.0
+    ok, max_abs, _ = module._compare([~mask], [mask], "float32")
+    assert not ok and max_abs == 1.0
+
+
 def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo, tmp_path):
     """A case made by flipping a boolean: compared where the reference's result changes with
     it; where it does not (the CPU code may ignore the mode), or where the label refuses the
