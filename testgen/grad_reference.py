@@ -19,7 +19,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from testgen.carry import Unmappable, bind_call
+from testgen.carry import Unmappable, bind_call, defined_name
 from testgen.cases import shape_key
 from testgen.inputs import RecordedCall, RefCall
 from testgen.python_reference import (
@@ -323,8 +323,9 @@ def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
     fwd_name = forward_of(binding, partners)
     if fwd_name is None:
         return f"no forward op beside {binding} is paired with a PyTorch function"
-    fwd, bwd = refs.params_of(fwd_name), refs.params_of(binding)
-    item = refs.definition(fwd_name)
+    fwd_def, bwd_def = defined_name(refs, fwd_name), defined_name(refs, binding)
+    fwd, bwd = refs.params_of(fwd_def), refs.params_of(bwd_def)
+    item = refs.definition(fwd_def)
     sig = refs.signature(item) if item else None
     if not fwd or not bwd or sig is None:
         return f"{fwd_name} or {binding} has no signature to pair"

@@ -117,6 +117,33 @@ def test_pybind_keyword_names_come_from_py_arg():
     assert pybind_arg_names(refs, "missing") is None
 
 
+def test_a_binding_named_unlike_its_function_is_carried_to_that_function():
+    """mamba binds `selective_scan_fwd` as `fwd`: the recorded `fwd(...)` calls are calls of
+    `selective_scan_fwd`, whose parameters name their arguments (they found no definition of
+    `fwd` before, so the test got no cases and its PyTorch reference no pairs)."""
+    from testgen.carry import bound_function, defined_name
+
+    text = 'PYBIND11_MODULE(m, m) {\n  m.def("fwd", &selective_scan_fwd, "doc");\n}'
+    params = {"selective_scan_fwd": ["u", "delta", "softplus"]}
+    refs = SimpleNamespace(
+        disc=SimpleNamespace(models={"s.cpp": SimpleNamespace(text=text)}),
+        params_of=params.get,
+    )
+    assert bound_function(refs, "fwd") == "selective_scan_fwd"
+    assert bound_function(refs, "bwd") is None
+    assert defined_name(refs, "fwd") == "selective_scan_fwd"
+    assert defined_name(refs, "selective_scan_fwd") == "selective_scan_fwd"
+    cand = SimpleNamespace(
+        wrapper=SimpleNamespace(
+            op_map={"python_name": "fwd", "chain": ["launch", "selective_scan_fwd"]},
+            functions=["selective_scan_fwd"],
+            launcher="launch",
+        )
+    )
+    u, delta = torch.ones(2), torch.zeros(2)
+    assert carry_down(RecordedCall("fwd", [u, delta, True]), cand, refs) == [u, delta, True]
+
+
 def test_dtypes_follow_the_dispatch_macro():
     assert label_dtypes("AT_DISPATCH_FLOATING_TYPES_AND_HALF(x") == [
         "float32",
@@ -825,6 +852,31 @@ def test_a_half_case_does_not_judge_indices_picked_among_near_ties(refrepo, tmp_
     far = [dist + 0.5, torch.tensor([0, 5, 2])]
     assert module._half_picks(far, want, "float16") == ""
     assert module._half_picks([dist.float()], [dist.float()], "float16") == ""  # no integers
+
+
+def test_a_python_reference_returning_other_outputs_is_compared_where_shapes_meet(
+    refrepo, tmp_path
+):
+    """mamba: `selective_scan_ref` returns the gated output and the last state; the binding
+    returns `out`, the scan states and the gated `out_z`. The gated output is compared with the
+    binding's nearest output of its shape; the last state, of no shape the binding returns, is
+    left out; a label whose every such output is wrong still fails."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.PYTHON_REFERENCE = True
+    u = torch.rand(2, 3)
+    out, gated, states = torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 1, 6)
+    last = torch.rand(2, 4)
+    seen, expected = module._matched([u, out, states, gated], [u, gated.clone(), last], 1)
+    assert len(seen) == len(expected) == 2 and seen[1] is gated
+    assert module._compare(seen, expected, "float32")[0]
+    wrong = module._matched([u, out, states, out * 2], [u, gated.clone(), last], 1)
+    assert not module._compare(*wrong, "float32")[0]
+    unmatched = module._matched([u, states], [u, last], 1)
+    assert unmatched == ([u, states], [u, last])  # same lengths: compared as they are
+    nothing = module._matched([u, states, states], [u, last], 1)
+    assert not module._compare(*nothing, "float32")[0]  # no shape in common: the case fails
+    module.PYTHON_REFERENCE = False  # a C++ twin returns what the label returns
+    assert module._matched([u, out, gated], [u, gated], 1) == ([u, out, gated], [u, gated])
 
 
 def test_boolean_outputs_are_compared_exactly(refrepo, tmp_path):
