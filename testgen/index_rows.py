@@ -9,7 +9,9 @@ here the values themselves may be structure. The call gets no smaller shapes whe
 holds:
 
 - the first tensor has fewer than 4 rows (a leading 2 or 3 is a layout: `edge_index (2, E)`);
-- the row count appears in another dimension or another tensor;
+- the row count appears in another dimension or another tensor, or the count plus one (a
+  pointer over the rows: `gather_csr(src, indptr)`);
+- another tensor holds values from 0 up to the row count (it may index the rows);
 - an integer argument equals the row count, unless its name says it is the count;
 - an integer argument equals the largest value of a row tensor, or the sum of one whose values
   are all positive counts (a total the values add up to: `ptr2ind(ptr, E)` with E = ptr[-1]);
@@ -62,8 +64,10 @@ def index_subsets(args: list, names: list[str] | None = None) -> list[tuple[int,
     for i, a in enumerate(args):
         if not _is_tensor(a):
             continue
-        if n in tuple(a.shape)[1:] or (i not in rows and n in tuple(a.shape)):
+        if n in tuple(a.shape)[1:] or (i not in rows and {n, n + 1} & set(a.shape)):
             return []
+        if i not in rows and a.numel() and int(a.min()) >= 0 and int(a.max()) <= n:
+            return []  # it may index the rows
         if i in rows and a.numel() and (_pointer(a, tensors) or _totals(a) & set(ints.values())):
             return []
     counts = [i for i, v in ints.items() if v == n]

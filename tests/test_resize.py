@@ -225,6 +225,10 @@ def test_index_calls_whose_values_are_structure_get_no_cuts():
     ptr = torch.tensor([0, 2, 2, 5, 6])
     assert index_subsets([ptr, 6]) == []  # ptr2ind(ptr, E): E is what the offsets add up to
     assert index_subsets([ptr, torch.arange(6)]) == []  # a CSR pointer over 6 items
+    src = torch.tensor([5, 7, 1, 2])  # integer data gathered through a pointer over its rows
+    assert index_subsets([src, torch.tensor([0, 1, 3, 4]), None]) == []
+    assert index_subsets([src, torch.tensor([0, 1, 3, 4, 4]), None]) == []
+    assert index_subsets([src, torch.tensor([0, 2, 5, 6, 9]), None]) == []  # one per row + 1
     ind = torch.tensor([0, 1, 1, 3, 4])
     assert index_subsets([ind, 4]) == []  # 4 is the largest index: a total of the values
     assert index_subsets([torch.tensor([2, 1, 3, 1]), 7]) == []  # lengths adding up to 7
