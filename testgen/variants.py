@@ -33,6 +33,7 @@ _PRIMARY |= {"call_expression", "parenthesized_expression", "qualified_identifie
 _INT_TYPE = re.compile(r"\b(int|long|short|unsigned|size_t|u?int\d+_t|index_t|bool)\b")
 _ATOMIC = re.compile(r"(atomic|gpuAtomic|fastAtomic)\w*")
 _LOAD = re.compile(r"__ld\w*|\w*[Ll]oad\w*")  # calls that only read through a pointer
+_STORE = re.compile(r"store|write|save|scatter", re.IGNORECASE)  # calls named as writing one
 _DATA = re.compile(r"data|data_ptr|ptr")  # `t.data()`, `info.data`: pointers
 _MACRO_BOUND = re.compile(r"<=?\s*\(*\s*([A-Za-z_]\w*)")  # `i < (n)` in a loop macro's body
 _NESTING = {"compound_statement", "if_statement", "for_statement", "while_statement"}
@@ -70,6 +71,7 @@ class _Def:
     values: list[ts.Node]
     op: ts.Node | None = None  # the assignment operator (`+=` is itself a swap site)
     target: ts.Node | None = None  # a global store's lvalue or address (helper call: the call)
+    stores: bool = False  # a helper call named as a store (`store_output<K>(out, vals, ...)`)
 
 
 def derive_variants(
@@ -259,7 +261,7 @@ class _Kernel:
                 name = _decl_name(n)[0]
                 defs.setdefault(name, []).append(_Def(name, [n.child_by_field_name("value")]))
             elif n.type == "call_expression" and (args := n.child_by_field_name("arguments")):
-                fname = self.txt(n.child_by_field_name("function"))
+                fname = self.txt(n.child_by_field_name("function")).split("<", 1)[0].strip()
                 args = [a for a in args.named_children if a.type != "comment"]
                 if _ATOMIC.fullmatch(fname) and args:
                     name = self.root(args[0])
@@ -271,7 +273,9 @@ class _Kernel:
                     self.is_pointer(a) and self.root(a) in self.globals for a in args
                 ):
                     values = [a for a in args if not self.is_pointer(a)]
-                    helper_stores.append(_Def("", values, target=n))
+                    helper_stores.append(
+                        _Def("", values, target=n, stores=bool(_STORE.search(fname)))
+                    )
         return defs, stores, helper_stores
 
     # no_write ------------------------------------------------------------------------------
@@ -368,7 +372,9 @@ class _Kernel:
         steps: list[_Site | None] = []  # `x + 1` -> `x - 1`: last, after every other tier
         for tier, index in ((0, False), (2, True)):
             sites, seen = [], set()
-            frontier = [(d, 0) for d in self.stores or self.helper_stores]
+            named = [d for d in self.helper_stores if d.stores]  # beside the direct stores: an
+            # output written only through `store_output(...)` gets its operators too (mamba)
+            frontier = [(d, 0) for d in (self.stores + named) or self.helper_stores]
             while frontier:
                 nxt = []
                 for d, dist in frontier:

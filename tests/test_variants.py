@@ -219,6 +219,23 @@ def test_value_operators_before_index_operators():
     assert len(swaps) == 1 and "= a[i + w] + a[i];" in swaps[0].text
 
 
+def test_an_output_written_through_a_store_helper_gets_operators_beside_direct_stores():
+    """mamba's scan writes its states `x[...] = ...` directly and its output through
+    `store_output<K>(out, out_vals, ...)`: the output's data flow is mutated too (before, only
+    the states', which the test may not compare). `load_input<K>(...)` stores nothing."""
+    text = _inline(
+        "k",
+        "template <typename K> __device__ void load_input(const float* p, float* v, int n) {}\n"
+        "template <typename K> __device__ void store_output(float* p, float* v, int n) {}\n"
+        "__global__ void k(const float* u, float* x, float* out, float d, int n) {\n"
+        "  float vals[4];\n  load_input<int>(u, vals, n);\n"
+        "  x[threadIdx.x] = d * n;\n"
+        "  float res[1][2];\n  res[0][0] = vals[0] - d;\n  store_output<int>(out, res[0], n);\n}\n",
+    )
+    swaps = [v.description for v in derive_variants(text, "k") if v.kind == VariantKind.OP_SWAP]
+    assert any("`vals[0] - d`" in d for d in swaps) and any("`d * n`" in d for d in swaps)
+
+
 def test_qualifier_macro_and_qualified_name():
     code = (
         "#define GLOBAL __global__\nnamespace ns {\nGLOBAL void k(float* o, int n) {\n"
