@@ -15,13 +15,13 @@ holds:
 - an integer argument equals the row count, unless its name says it is the count;
 - an integer argument equals the largest value of a row tensor, or the sum of one whose values
   are all positive counts (a total the values add up to: `ptr2ind(ptr, E)` with E = ptr[-1]);
-- a row tensor is a pointer: sorted from 0 up to another tensor's row count (testgen.segments
-  cuts those by their segments).
+- a row tensor is a CSR pointer (testgen.segments, which cuts those by their segments).
 """
 
 from __future__ import annotations
 
 from testgen.resize import COUNT_NAME, _is_tensor
+from testgen.segments import is_pointer, pointer_ends
 
 MIN_ROWS = 4
 
@@ -30,13 +30,6 @@ def _counts(n: int) -> list[int]:
     """1, 2 and one near the middle: index data is small (a handful of recorded entries), and
     three new shapes are what a test needs beside its recorded ones."""
     return sorted({1, 2, n // 2 + 1} - {n})
-
-
-def _pointer(t, tensors: list) -> bool:
-    """Sorted from 0 up to the row count of another tensor: the offsets of its segments."""
-    if t.dim() != 1 or int(t[0]) != 0 or not bool((t[1:] >= t[:-1]).all()):
-        return False
-    return any(o is not t and o.dim() and int(o.shape[0]) == int(t[-1]) for o in tensors)
 
 
 def _totals(t) -> set[int]:
@@ -61,6 +54,7 @@ def index_subsets(args: list, names: list[str] | None = None) -> list[tuple[int,
     names = list(names or []) + [""] * (len(args) - len(names or []))
     rows = [i for i, a in enumerate(args) if _is_tensor(a) and a.dim() and a.shape[0] == n]
     ints = {i: a for i, a in enumerate(args) if isinstance(a, int) and not isinstance(a, bool)}
+    ends = pointer_ends(args)
     for i, a in enumerate(args):
         if not _is_tensor(a):
             continue
@@ -68,7 +62,7 @@ def index_subsets(args: list, names: list[str] | None = None) -> list[tuple[int,
             return []
         if i not in rows and a.numel() and int(a.min()) >= 0 and int(a.max()) <= n:
             return []  # it may index the rows
-        if i in rows and a.numel() and (_pointer(a, tensors) or _totals(a) & set(ints.values())):
+        if i in rows and a.numel() and (is_pointer(a, ends) or _totals(a) & set(ints.values())):
             return []
     counts = [i for i, v in ints.items() if v == n]
     if any(not COUNT_NAME.match(names[i] or "") for i in counts):

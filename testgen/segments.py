@@ -16,15 +16,22 @@ def _pointer(args: list) -> tuple[int, int, int] | None:
     """(position, segments, items) of the call's one CSR pointer: a 1-D integer tensor that
     starts at 0, never decreases and ends at the first dimension of another tensor (rowptr
     over col and value, indptr over src) or at an integer argument (ptr2ind's count)."""
-    firsts = {int(a.shape[0]) for a in args if _is_tensor(a) and a.dim()}
-    firsts |= {a for a in args if isinstance(a, int) and not isinstance(a, bool)}
-    found = []
-    for i, a in enumerate(args):
-        if not (_is_int(a) and a.dim() == 1 and a.numel() >= 3) or str(a.dtype) == "torch.bool":
-            continue
-        if int(a[0]) == 0 and bool((a[1:] >= a[:-1]).all()) and int(a[-1]) in firsts:
-            found.append((i, a.numel() - 1, int(a[-1])))
+    ends = pointer_ends(args)
+    found = [(i, a.numel() - 1, int(a[-1])) for i, a in enumerate(args) if is_pointer(a, ends)]
     return found[0] if len(found) == 1 and found[0][1] > 1 and found[0][2] > 0 else None
+
+
+def pointer_ends(args: list) -> set[int]:
+    """Where a pointer over a call's items may end: a tensor's first dimension, an integer."""
+    ends = {int(a.shape[0]) for a in args if _is_tensor(a) and a.dim()}
+    return ends | {a for a in args if isinstance(a, int) and not isinstance(a, bool)}
+
+
+def is_pointer(a, ends: set[int]) -> bool:
+    """A CSR pointer: 1-D integers from 0, never decreasing, ending at one of `ends`."""
+    if not (_is_int(a) and a.dim() == 1 and a.numel() >= 3) or str(a.dtype) == "torch.bool":
+        return False
+    return int(a[0]) == 0 and bool((a[1:] >= a[:-1]).all()) and int(a[-1]) in ends
 
 
 def _segments(args: list) -> tuple[int, int, int] | None:

@@ -65,6 +65,31 @@ def kernel(disc, name: str, spec: str | None = None):
     return found[0]
 
 
+def label_of(disc, extractor, index, name: str):
+    """The mined wrapper of kernel `name` and the label it renders into."""
+    from wrappers.label import render_label
+    from wrappers.mined import mine_wrapper
+
+    k = kernel(disc, name)
+    w = mine_wrapper(k, extractor, index)
+    assert w is not None, name
+    return w, render_label(
+        cand_id="t",
+        kernel=name,
+        strategy="mined",
+        launcher=w.chain[-1],
+        repo_url="r",
+        commit="c" * 40,
+        file=k.file,
+        line=k.line,
+        license="MIT",
+        includes=w.includes,
+        device_code=w.code,
+        host_code="",
+        functions=w.functions(),
+    )
+
+
 def _pg_tool(name: str) -> str | None:
     """A PostgreSQL server program: on PATH, or where Debian's package puts it."""
     found = shutil.which(name)

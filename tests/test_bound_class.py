@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import kernel, needs_nvcc
+from conftest import kernel, label_of, needs_nvcc
 
 from wrappers.batching import batch_source
 from wrappers.bound_class import bound_classes, method_signature
-from wrappers.label import render_label
 from wrappers.mined import LauncherIndex, mine_wrapper
 
 TABLE = """\
@@ -87,12 +86,12 @@ def table(tmp_path):
 def test_bound_classes_prefer_the_constructor_from_tensors():
     """The binding's own `py::init`s say how Python makes the object; the one taking tensors
     wins (the object's state then lives where the test sees it), with its definition's names."""
-    found = bound_classes({"t.cu": TABLE}, {"table64": "Table<int64_t, int>"})
+    found = bound_classes(TABLE, {"table64": "Table<int64_t, int>"})
     cls = found["table64"]
     assert found["Table<int64_t, int>"] is cls
     assert cls.concrete == "Table<int64_t, int>" and cls.template == "Table"
     assert cls.ctor == [("torch::Tensor", "table_keys"), ("torch::Tensor", "table_vals")]
-    assert bound_classes({"t.cu": TABLE.replace("py::class_", "class_")}, {}) == {}
+    assert bound_classes(TABLE.replace("py::class_", "class_"), {}) == {}
 
 
 def test_a_method_defined_outside_its_class_reads_as_a_plain_signature():
@@ -138,27 +137,7 @@ def test_both_adapted_labels_build_in_one_batch(table):
     (a using-declaration brings them back), and the adapters compile against the class."""
     from wrappers.build import build_batch
 
-    disc, extractor, index = table
-    texts = []
-    for name in ("put_kernel", "used_kernel"):
-        w = mine_wrapper(kernel(disc, name), extractor, index)
-        texts.append(
-            render_label(
-                cand_id=name,
-                kernel=name,
-                strategy="mined",
-                launcher=w.chain[-1],
-                repo_url="r",
-                commit="c" * 40,
-                file="table.cu",
-                line=1,
-                license="MIT",
-                includes=w.includes,
-                device_code=w.code,
-                host_code="",
-                functions=w.functions(),
-            ).text
-        )
+    texts = [label_of(*table, name)[1].text for name in ("put_kernel", "used_kernel")]
     source, _ = batch_source([("put", texts[0]), ("used", texts[1])], "m")
     assert "using ::atomicCAS;" in source
     results = build_batch([("put", texts[0]), ("used", texts[1])])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, kernel, needs_nvcc
+from conftest import FIXTURES, kernel, label_of, needs_nvcc
 
 from miner.candidate import Provenance
 from miner.repo_model import to_candidate
 from wrappers.batching import batch_source, split_label
 from wrappers.batching import blame as _blame
-from wrappers.label import render_label, unit_parts
+from wrappers.label import unit_parts
 from wrappers.mined import LauncherIndex, mine_wrapper
 from wrappers.opmap import op_map
 from wrappers.rule import rule_wrapper
@@ -25,27 +25,6 @@ def opchain():
 
     disc = discover(OPCHAIN)
     return disc, Extractor(disc), LauncherIndex(disc)
-
-
-def label_of(disc, extractor, index, name):
-    k = kernel(disc, name)
-    w = mine_wrapper(k, extractor, index)
-    assert w is not None, name
-    return w, render_label(
-        cand_id="t",
-        kernel=name,
-        strategy="mined",
-        launcher=w.chain[-1],
-        repo_url="r",
-        commit="c" * 40,
-        file=k.file,
-        line=k.line,
-        license="MIT",
-        includes=w.includes,
-        device_code=w.code,
-        host_code="",
-        functions=w.functions(),
-    )
 
 
 @pytest.mark.parametrize(
@@ -280,10 +259,7 @@ def test_a_kernel_launched_by_several_ops_belongs_to_the_one_named_like_its_file
 def test_a_launch_written_in_a_macro_is_launched_by_the_functions_that_invoke_it(tmp_path):
     """`#define FOO(NTX) { k<T, NTX><<<...>>>(...); }` expanded by `void k_f(T *x, int n)`: the
     launcher is k_f, and the tensor function calling it is exposed."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "k.cu").write_text(
+    text = (
         "#include <torch/extension.h>\n"
         "template <typename T, int NTX>\n"
         "__global__ void k(T *x, int n) { if (threadIdx.x < n) x[threadIdx.x] *= NTX; }\n"
@@ -292,8 +268,7 @@ def test_a_launch_written_in_a_macro_is_launched_by_the_functions_that_invoke_it
         "at::Tensor k_forward(at::Tensor x) {\n"
         "  k_f<float>(x.data_ptr<float>(), x.numel());\n  return x;\n}\n"
     )
-    disc = discover(tmp_path)
-    w = mine_wrapper(kernel(disc, "k"), Extractor(disc), LauncherIndex(disc))
+    w = _mined_from(tmp_path, "k.cu", text, "k")
     assert w is not None and w.chain == ["k_f", "k_forward"]
     assert "#define FOO(NTX)" in w.code and "void k_f(" in w.code
 
@@ -380,13 +355,18 @@ template <typename T> void cuda_unpool(Metadata &m, T *in) { unpool_ForwardPass<
 """
 
 
-def _pointer_launcher_label(tmp_path, dtypes=()):
+def _mined_from(tmp_path, file: str, text: str, name: str, dtypes=()):
+    """The mined wrapper of kernel `name` in a one-file repository holding `text`."""
     from miner.discover import discover
     from miner.extract import Extractor
 
-    (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
+    (tmp_path / file).write_text(text)
     disc = discover(tmp_path)
-    return mine_wrapper(kernel(disc, "pool_fp"), Extractor(disc), LauncherIndex(disc), dtypes)
+    return mine_wrapper(kernel(disc, name), Extractor(disc), LauncherIndex(disc), dtypes)
+
+
+def _pointer_launcher_label(tmp_path, dtypes=()):
+    return _mined_from(tmp_path, "pool.cu", POINTER_LAUNCHER, "pool_fp", dtypes)
 
 
 def test_a_launcher_of_raw_pointers_is_bound_through_an_adapter(tmp_path):
@@ -417,10 +397,7 @@ def test_a_pointer_launcher_that_returns_a_number_hands_it_back(tmp_path):
     """SparseConvNet's `double dConvolution_forward2(T *in, T *out, T *w, RuleBook rules,
     ...)` returns its flop count: the adapter returns it as a Python number (and passes the
     rule book, a vector of vectors of ints, as pybind converts it)."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "conv.cu").write_text(
+    text = (
         "#include <cstdint>\nusing Int = int32_t;\n"
         "using RuleBook = std::vector<std::vector<Int>>;\n"
         "template <typename T>\n__global__ void mm(T *in, T *out, Int n) {\n"
@@ -431,8 +408,7 @@ def test_a_pointer_launcher_that_returns_a_number_hands_it_back(tmp_path):
         "template <typename T>\n"
         "void cuda_conv(Metadata &m, T *in) { conv_forward2<T>(in, in, {}, 2); }\n"
     )
-    disc = discover(tmp_path)
-    w = mine_wrapper(kernel(disc, "mm"), Extractor(disc), LauncherIndex(disc))
+    w = _mined_from(tmp_path, "conv.cu", text, "mm")
     assert w is not None and w.chain == ["conv_forward2"]
     assert (
         "double kminer_conv_forward2(at::Tensor in, at::Tensor out, "
@@ -445,12 +421,7 @@ def test_a_pointer_launcher_that_returns_a_number_hands_it_back(tmp_path):
 def test_a_launcher_the_grammar_reads_as_a_declaration_is_still_a_launcher(tmp_path):
     """A body holding a macro call without its semicolon (SparseConvNet's RULEBOOKITERATOR)
     makes tree-sitter read the whole function as a declaration: it is still the launcher."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
-    disc = discover(tmp_path)
-    w = mine_wrapper(kernel(disc, "unpool_fp"), Extractor(disc), LauncherIndex(disc))
+    w = _mined_from(tmp_path, "pool.cu", POINTER_LAUNCHER, "unpool_fp")
     assert w is not None and w.chain == ["unpool_ForwardPass"]
     assert "void kminer_unpool_ForwardPass(at::Tensor in, at::Tensor out, int64_t n)" in w.code
 
@@ -458,24 +429,13 @@ def test_a_launcher_the_grammar_reads_as_a_declaration_is_still_a_launcher(tmp_p
 @needs_nvcc
 @pytest.mark.slow
 def test_the_adapted_label_builds(tmp_path):
+    from miner.discover import discover
+    from miner.extract import Extractor
     from wrappers.build import build_batch
 
-    w = _pointer_launcher_label(tmp_path)
-    label = render_label(
-        cand_id="t",
-        kernel="pool_fp",
-        strategy="mined",
-        launcher=w.chain[-1],
-        repo_url="r",
-        commit="c" * 40,
-        file="pool.cu",
-        line=4,
-        license="MIT",
-        includes=w.includes,
-        device_code=w.code,
-        host_code="",
-        functions=w.functions(),
-    )
+    (tmp_path / "pool.cu").write_text(POINTER_LAUNCHER)
+    disc = discover(tmp_path)
+    _, label = label_of(disc, Extractor(disc), LauncherIndex(disc), "pool_fp")
     result = build_batch([("adapted", label.text)])["adapted"]
     assert result.ok, result.detail
 

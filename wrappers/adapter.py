@@ -74,7 +74,7 @@ def adapt(
     typenames = _TYPENAMES.findall(sig.template)
     if sig.template and (len(typenames) != 1 or "," in sig.template):
         return None  # only `template <typename T>`: one dtype to dispatch on
-    names = aliases(code)
+    names, classes = aliases(code), classes or {}
     number = "" if sig.returns == "void" else _arith(sig.returns, names)
     if number:  # a number comes back as a Python number (SparseConvNet's flop count)
         host_return = {"bool": "bool", "float": "double", "int": "int64_t"}[number]
@@ -86,8 +86,8 @@ def adapt(
     for i, (ptype, pname) in enumerate(sig.params):
         name = pname or f"arg{i}"
         core = " ".join(re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", ptype).split())
-        cls = (classes or {}).get(_resolved(object_type(ptype), names))
-        cls = cls or (classes or {}).get(object_type(ptype))
+        named = object_type(ptype)  # as written, or through the label's aliases
+        cls = next((classes[k] for k in (named, _resolved(named, names)) if k in classes), None)
         if cls is not None and core.count("*") <= 1:  # built from its constructor's arguments
             made, line = construct(cls, name)
             params += made

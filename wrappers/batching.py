@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from miner.textprep import bracket_end
+
 BODY_BEGIN = "// kminer-label-body-begin"
 BODY_END = "// kminer-label-body-end"
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
@@ -125,12 +127,7 @@ def _global_operators(body: str) -> tuple[str, list[str]]:
     line numbers hold), and those operators' texts."""
     found = []
     for m in reversed(list(_GLOBAL_OPERATOR.finditer(body))):
-        depth, end = 0, None
-        for j in range(m.end() - 1, len(body)):
-            depth += (body[j] == "{") - (body[j] == "}")
-            if depth == 0:
-                end = j + 1
-                break
+        end = bracket_end(body, m.end() - 1, "{", "}")
         if end is None:
             continue
         text = body[m.start() : end]

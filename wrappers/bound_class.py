@@ -29,7 +29,7 @@ _WORD = re.compile(r"\W+")
 _TENSORS = re.compile(r"^(?:const\s+)?(?:at::|torch::)?Tensor\s*&?$")
 
 
-@dataclass
+@dataclass(eq=False)  # one object per class, whichever key finds it
 class BoundClass:
     bound: str  # the type as the binding names it: "hashtable"
     concrete: str  # through the repository's aliases: "GPUHashTable<int64_t, int>"
@@ -53,29 +53,24 @@ def _ctor_names(code: str, template: str, types: list[str]) -> list[str]:
     return [f"arg{i}" for i in range(len(types))]
 
 
-def bound_classes(codes: dict[str, str], names: dict[str, str]) -> dict[str, BoundClass]:
-    """Every class a PYBIND11_MODULE binds with a constructor pybind can call, keyed by the
-    bound name and by its concrete type; `names` are the repository's type aliases."""
+def bound_classes(code: str, names: dict[str, str]) -> dict[str, BoundClass]:
+    """Every class the repository's `code` (all its files) binds with a constructor pybind can
+    call, keyed by the bound name and by its concrete type; `names` are its type aliases."""
     found: dict[str, BoundClass] = {}
-    everything = "\n".join(codes.values())
-    for code in codes.values():
-        for m in _CLASS.finditer(code):
-            bound = " ".join(m.group(1).split())
-            chain = code[m.end() : code.find(";", m.end())]
-            ctors = [
-                [t.strip() for t in split_top(i.group(1)) if t.strip()]
-                for i in _INIT.finditer(chain)
-            ]
-            ctors = [c for c in ctors if c and all(bindable_type(t) for t in c)]
-            if not ctors:
-                continue
-            ctors.sort(key=lambda c: not all(_TENSORS.match(t) for t in c))  # tensors first
-            concrete = names.get(bound, bound)
-            template = concrete.split("<", 1)[0].strip().split("::")[-1]
-            ctor = list(zip(ctors[0], _ctor_names(everything, template, ctors[0]), strict=True))
-            cls = BoundClass(bound, concrete, ctor)
-            found.setdefault(bound, cls)
-            found.setdefault(" ".join(concrete.split()), cls)
+    for m in _CLASS.finditer(code):
+        bound = " ".join(m.group(1).split())
+        chain = code[m.end() : code.find(";", m.end())]
+        ctors = [
+            [t.strip() for t in split_top(i.group(1)) if t.strip()] for i in _INIT.finditer(chain)
+        ]
+        ctors = [c for c in ctors if c and all(bindable_type(t) for t in c)]
+        if not ctors:
+            continue
+        ctors.sort(key=lambda c: not all(_TENSORS.match(t) for t in c))  # tensors first
+        cls = BoundClass(bound, names.get(bound, bound), [])
+        cls.ctor = list(zip(ctors[0], _ctor_names(code, cls.template, ctors[0]), strict=True))
+        found.setdefault(bound, cls)
+        found.setdefault(" ".join(cls.concrete.split()), cls)
     return found
 
 

@@ -71,8 +71,8 @@ class LauncherIndex:
                     for ref in _expanded(item.refs, macros):
                         self.callers.setdefault(ref, []).append(item)
         self.enums = frozenset(enums)
-        codes = {f: m.code for f, m in disc.models.items()}
-        self.classes = bound_classes(codes, aliases("\n".join(codes.values())))
+        code = "\n".join(m.code for m in disc.models.values())
+        self.classes = bound_classes(code, aliases(code)) if "py::class_" in code else {}
 
     def method(self, item: Item) -> tuple[BoundClass, Signature] | None:
         """The bound class and plain signature of a method defined outside its class."""
@@ -80,7 +80,7 @@ class LauncherIndex:
         if model is None or item.kind != "function" or not item.names:
             return None
         code = model.code[item.start : item.end]
-        for cls in self.classes.values():
+        for cls in dict.fromkeys(self.classes.values()):  # each class once (two keys each)
             if cls.template in code:
                 sig = method_signature(code, item.names[0], cls.template)
                 if sig is not None:
