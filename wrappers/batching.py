@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import re
 
-from miner.textprep import bracket_end
-
 BODY_BEGIN = "// kminer-label-body-begin"
 BODY_END = "// kminer-label-body-end"
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
@@ -127,7 +125,12 @@ def _global_operators(body: str) -> tuple[str, list[str]]:
     line numbers hold), and those operators' texts."""
     found = []
     for m in reversed(list(_GLOBAL_OPERATOR.finditer(body))):
-        end = bracket_end(body, m.end() - 1, "{", "}")
+        depth, end = 0, None  # (not miner.textprep's bracket_end: this module travels to the
+        for j in range(m.end() - 1, len(body)):  # GPU box, which has only the stdlib and torch)
+            depth += (body[j] == "{") - (body[j] == "}")
+            if depth == 0:
+                end = j + 1
+                break
         if end is None:
             continue
         text = body[m.start() : end]
