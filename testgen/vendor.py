@@ -7,7 +7,8 @@ they were written, helpers and constants of its module, and helpers it imports f
 repository's other modules (copied the same way). Decorators are dropped (`@torch.jit.script`
 of a copy is not the point). A name that comes from another third-party package (einops,
 triton) makes it unusable: the answer says which, but for einops' `rearrange` and `repeat`,
-whose plain-torch stand-in (testgen/einops_lite.py) is copied in with the function.
+whose plain-torch stand-in (testgen/einops_lite.py) is copied in with the function, and for a
+framework's accelerator probes and version parsing (testgen/framework_lite.py).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import builtins
 import sys
 from pathlib import Path
 
-from testgen import einops_lite
+from testgen import einops_lite, framework_lite
 
 ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
 STAND_INS = {"einops": (Path(einops_lite.__file__), set(einops_lite.EXPORTS))}
+FRAMEWORK = (Path(framework_lite.__file__), set(framework_lite.EXPORTS))
 TRAVELS = "only torch, numpy and the standard library travel"
 MAX_ITEMS = 40
 
@@ -86,7 +88,7 @@ def _module_file(repo: Path, here: Path, node: ast.ImportFrom) -> Path | None:
 
 def _stand_in(module: str) -> str:
     """The stand-in's code without its docstring, under a line that says what it is."""
-    text = STAND_INS[module][0].read_text("utf-8")
+    text = (FRAMEWORK if module == "framework" else STAND_INS[module])[0].read_text("utf-8")
     first = ast.parse(text).body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
         text = "\n".join(text.splitlines()[first.end_lineno :])
@@ -144,6 +146,15 @@ def vendor_function(repo: Path, file: str, name: str) -> str:
                 stand_ins.add(stmt.module)
                 if alias.asname and alias.asname != alias.name:
                     imports.append(f"{alias.asname} = {alias.name}")
+                continue
+            framework_name = alias.name in FRAMEWORK[1] or framework_lite.PROBE.match(alias.name)
+            if not stmt.level and root not in ALLOWED_ROOTS and framework_name:
+                stand_ins.add("framework")  # digit_version, is_musa_available: see framework_lite
+                bound = alias.asname or alias.name
+                if alias.name not in FRAMEWORK[1]:
+                    imports.append(f"{bound} = _no_accelerator")
+                elif bound != alias.name:
+                    imports.append(f"{bound} = {alias.name}")
                 continue
             if stmt.level or root not in ALLOWED_ROOTS:
                 return f"!needs `{stmt.module or '.'}` ({TRAVELS})"

@@ -124,6 +124,38 @@ def test_vendoring_refuses_third_party_imports_and_follows_repository_helpers(tm
     )
 
 
+def test_a_frameworks_probes_and_version_helper_travel_as_stand_ins(tmp_path):
+    """OpenMMLab's `_upfirdn2d_ref` reaches `conv2d`, which asks mmengine whether torch is new
+    enough (`digit_version`) and whether a MUSA device is there: those two travel as
+    stand-ins (no accelerator on the CPU, versions compared as numbers); any other name of the
+    framework still refuses the reference."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "gradfix.py").write_text(
+        "import torch\nfrom mmengine.device import is_musa_available\n"
+        "from mmengine.utils import digit_version as dv\n"
+        "from mmengine.registry import MODELS\n\n"
+        "def conv(x, w):\n"
+        "    if is_musa_available() or dv(torch.__version__) < dv('1.10.0rc1'):\n"
+        "        raise RuntimeError('custom op path')\n"
+        "    return torch.nn.functional.conv1d(x, w)\n\n"
+        "def registered(x):\n    return MODELS.build(x)\n"
+    )
+    (tmp_path / "pkg" / "ops.py").write_text(
+        "from pkg.gradfix import conv\n\n\ndef filt_ref(x, w):\n    return conv(x, w) * 2\n"
+    )
+    source = vendor_function(tmp_path, "pkg/ops.py", "filt_ref")
+    namespace: dict = {}
+    exec(source, namespace)
+    x, w = torch.randn(1, 1, 9), torch.randn(1, 1, 3)
+    assert torch.allclose(namespace["filt_ref"](x, w), 2 * torch.nn.functional.conv1d(x, w))
+    versions = ["1.9.0", "1.10.0rc1", "1.10.0", "1.10.1", "2.13.0+cpu"]
+    assert sorted(versions, key=namespace["dv"]) == versions
+    assert vendor_function(tmp_path, "pkg/gradfix.py", "registered") == (
+        "!needs `mmengine.registry` (only torch, numpy and the standard library travel)"
+    )
+
+
 BACKWARD_HOST = [
     ("const at::Tensor&", "x"),
     ("const at::Tensor&", "y"),

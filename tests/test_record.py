@@ -273,3 +273,35 @@ def test_what_a_package_init_imports_is_imported_for_its_side_effects(tmp_path):
     )
     calls = record_repo_calls(repo, tmp_path / "cache")
     assert [(c.args[0].tolist(), c.args[1]) for c in calls["scale_forward"]] == [([1.0] * 3, 2.0)]
+
+
+def test_the_calls_a_package_init_makes_run_before_the_tests(tmp_path):
+    """torchsparse's `__init__` runs `backends.init()`, which sets the globals its convolution
+    reads (`backends.hash_rsv_ratio`); the recorder never runs `__init__`, so every test of
+    the convolution failed on a missing attribute before reaching the extension. The top-level
+    calls of `__init__` now run (names resolved through the package), and the call is
+    recorded with the value `init()` set."""
+    repo = tmp_path / "repo"
+    (repo / "sparselib").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "sparselib" / "__init__.py").write_text(
+        "import sparselib.backends as backends\nfrom .ops import reserve  # noqa\n\n"
+        "backends.init()\n"
+    )
+    (repo / "sparselib" / "backends.py").write_text(
+        "import torch\n\n\ndef init():\n    global ratio\n"
+        "    capability = torch.cuda.get_device_capability()\n"
+        "    ratio = 2 if capability[0] >= 8 else 1\n"
+    )
+    (repo / "sparselib" / "ops.py").write_text(
+        "import sparselib\nimport sparselib.backend\n\n\n"
+        "def reserve(coords):\n"
+        "    size = int(sparselib.backends.ratio * coords.shape[0])\n"
+        "    return sparselib.backend.reserve_forward(coords, size)\n"
+    )
+    (repo / "tests" / "test_reserve.py").write_text(
+        "import torch\nfrom sparselib import reserve\n\n\n"
+        "def test_reserve():\n    reserve(torch.zeros(5, 4, dtype=torch.int32, device='cuda'))\n"
+    )
+    calls = record_repo_calls(repo, tmp_path / "cache")
+    assert [c.args[1] for c in calls["reserve_forward"]] == [10]

@@ -276,6 +276,11 @@ class _Package(types.ModuleType):
                 with contextlib.suppress(ValueError, TypeError, SyntaxError, AttributeError):
                     constants[node.targets[0].id] = ast.literal_eval(node.value)
         for node in ast.walk(tree):
+            if isinstance(node, ast.Import):  # import torchsparse.backends as backends
+                for alias in node.names:
+                    if alias.asname and alias.name.startswith(prefix):
+                        exports.setdefault(alias.asname, (alias.name[len(prefix) :], None))
+                continue
             if not isinstance(node, ast.ImportFrom):
                 continue
             if node.level == 1:
@@ -309,6 +314,29 @@ def _load_package_submodules() -> None:
             if sub:
                 with contextlib.suppress(Exception):
                     importlib.import_module(f"{name}.{sub}")
+        _run_init_calls(module)
+
+
+def _run_init_calls(package: _Package) -> None:
+    """The calls a package's `__init__` makes at its top level (torchsparse: `backends.init()`,
+    which sets the globals its convolution reads), each run best effort with the names it uses
+    resolved through the package: without them every call of its ops fails before reaching
+    the extension."""
+    try:
+        with open(package.__file__, encoding="utf-8", errors="replace") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+            continue
+        namespace: dict = {}
+        for used in {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}:
+            with contextlib.suppress(Exception):
+                namespace[used] = sys.modules.get(used) or getattr(package, used)
+        with contextlib.suppress(Exception):
+            code = compile(ast.Module(body=[node], type_ignores=[]), package.__file__, "exec")
+            exec(code, namespace)
 
 
 @functools.cache
