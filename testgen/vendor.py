@@ -24,7 +24,7 @@ ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
 STAND_INS = {"einops": (Path(einops_lite.__file__), set(einops_lite.EXPORTS))}
 FRAMEWORK = (Path(framework_lite.__file__), set(framework_lite.EXPORTS))
 TRAVELS = "only torch, numpy and the standard library travel"
-MAX_ITEMS = 40
+MAX_ITEMS = 80  # names followed (mmcv's _filtered_lrelu_ref: 61, through bias_act and upfirdn2d)
 
 
 class _Module:
@@ -88,6 +88,8 @@ def _module_file(repo: Path, here: Path, node: ast.ImportFrom) -> Path | None:
 
 def _stand_in(module: str) -> str:
     """The stand-in's code without its docstring, under a line that says what it is."""
+    if module == "unavailable":
+        return _UNAVAILABLE
     text = (FRAMEWORK if module == "framework" else STAND_INS[module])[0].read_text("utf-8")
     first = ast.parse(text).body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
@@ -103,71 +105,122 @@ def vendor_function(repo: Path, file: str, name: str) -> str:
     imports: list[str] = []
     seen: set[tuple[Path, str]] = set()
     stand_ins: set[str] = set()
-    todo = [(repo / file, name)]
+    unavailable: dict[str, str] = {}  # names that stand in as _Unavailable, and why
+    todo = [(repo / file, name, 0)]  # 0: the reference, 1: what it reads itself, 2: deeper
     while todo:
-        path, wanted = todo.pop()
+        path, wanted, depth = todo.pop()
         if (path, wanted) in seen:
             continue
         seen.add((path, wanted))
         if len(seen) > MAX_ITEMS:
             return f"!needs more than {MAX_ITEMS} definitions"
-        try:
-            mod = modules.get(path) or modules.setdefault(path, _Module(path))
-        except (OSError, SyntaxError, ValueError) as exc:
-            return f"!cannot read {path.name}: {exc}"
-        node = mod.defs.get(wanted)
-        if node is not None:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                start = node.lineno
-                source = ast.get_source_segment(mod.text, node, padded=False) or ""
-                deco = "\n".join(f"@{ast.unparse(d)}" for d in node.decorator_list)
-                if deco and source.startswith("@"):
-                    source = source.split("\n", len(node.decorator_list))[-1]
-            else:
-                start, source = node.lineno, ast.get_source_segment(mod.text, node) or ""
-            chunks.append((path, start, source))
-            todo += [(path, n) for n in _free_names(node)]
+        why = _resolve(repo, path, wanted, depth, modules, chunks, imports, stand_ins, todo)
+        if why is None:
             continue
-        found = mod.imports.get(wanted)
-        if found is None:
-            return f"!`{wanted}` is not defined in {path.relative_to(repo)}"
-        stmt, alias = found
-        if isinstance(stmt, ast.ImportFrom):
-            source_file = _module_file(repo, path, stmt)
-            if source_file is not None:
-                todo.append((source_file, alias.name))
-                if (alias.asname or alias.name) != alias.name:
-                    imports.append(f"{alias.asname} = {alias.name}")
-                continue
-            root = (stmt.module or "").split(".")[0]
-            if not stmt.level and stmt.module in STAND_INS:
-                if alias.name not in STAND_INS[stmt.module][1]:
-                    return f"!needs `{stmt.module}.{alias.name}` ({TRAVELS})"
-                stand_ins.add(stmt.module)
-                if alias.asname and alias.asname != alias.name:
-                    imports.append(f"{alias.asname} = {alias.name}")
-                continue
-            framework_name = alias.name in FRAMEWORK[1] or framework_lite.PROBE.match(alias.name)
-            if not stmt.level and root not in ALLOWED_ROOTS and framework_name:
-                stand_ins.add("framework")  # digit_version, is_musa_available: see framework_lite
-                bound = alias.asname or alias.name
-                if alias.name not in FRAMEWORK[1]:
-                    imports.append(f"{bound} = _no_accelerator")
-                elif bound != alias.name:
-                    imports.append(f"{bound} = {alias.name}")
-                continue
-            if stmt.level or root not in ALLOWED_ROOTS:
-                return f"!needs `{stmt.module or '.'}` ({TRAVELS})"
-            text = f"from {stmt.module} import {alias.name}"
-        else:
-            root = alias.name.split(".")[0]
-            if root not in ALLOWED_ROOTS:
-                return f"!needs `{alias.name}` ({TRAVELS})"
-            text = f"import {alias.name}"
-        imports.append(text + (f" as {alias.asname}" if alias.asname else ""))
+        if depth <= 1:
+            return "!" + why
+        unavailable.setdefault(wanted, why)  # read on a helper's path the CPU may not take
     order = {p: i for i, p in enumerate(reversed(list(modules)))}  # helpers' files first
-    body = [src for _, _, src in sorted(chunks, key=lambda c: (order[c[0]], c[1]))]
+    chunks.sort(key=lambda c: (order[c[0]], c[1]))
+    body = [_guarded(src, set(unavailable)) for _, _, src in chunks]
+    if unavailable:
+        stand_ins.add("unavailable")
+        body.insert(0, "\n".join(f"{n} = _Unavailable({w!r})" for n, w in unavailable.items()))
     body = [_stand_in(m) for m in sorted(stand_ins)] + body
     aliases = [i for i in imports if " = " in i]
     head = sorted({i for i in imports if " = " not in i}, key=lambda i: (i.startswith("from"), i))
     return "\n".join(head) + "\n\n\n" + "\n\n\n".join(body) + "\n" + "\n".join(aliases) + "\n"
+
+
+_UNAVAILABLE = '''class _Unavailable:
+    """A name a helper of the reference reads that cannot travel (the compiled extension, a
+    framework): using it in any way raises, so a path that needs it fails its check."""
+
+    def __init__(self, why):
+        self.__dict__["_why"] = why
+
+    def __getattr__(self, name):
+        raise RuntimeError(self._why)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(self._why)
+
+    def __bool__(self):
+        raise RuntimeError(self._why)
+'''
+
+
+def _guarded(source: str, unavailable: set[str]) -> str:
+    """A module-level statement that reads a stood-in name (`ext_module =
+    ext_loader.load_ext(...)`) made at import time: when it fails, what it binds stands in too."""
+    try:
+        node = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return source
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not _free_names(node) & unavailable:
+        return source
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    names = [t.id for t in targets if isinstance(t, ast.Name)]
+    fallback = "\n".join(f"    {n} = _Unavailable({source.splitlines()[0]!r})" for n in names)
+    body = "\n".join("    " + line for line in source.splitlines())
+    return f"try:\n{body}\nexcept Exception:\n{fallback or '    pass'}"
+
+
+def _resolve(repo, path, wanted, depth, modules, chunks, imports, stand_ins, todo) -> str | None:
+    """Adds what `wanted` needs in `path` (its definition, or the import that binds it, and
+    what those read, to `todo`); says why it cannot travel, else None."""
+    try:
+        mod = modules.get(path) or modules.setdefault(path, _Module(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"cannot read {path.name}: {exc}"
+    node = mod.defs.get(wanted)
+    if node is not None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = node.lineno
+            source = ast.get_source_segment(mod.text, node, padded=False) or ""
+            deco = "\n".join(f"@{ast.unparse(d)}" for d in node.decorator_list)
+            if deco and source.startswith("@"):
+                source = source.split("\n", len(node.decorator_list))[-1]
+        else:
+            start, source = node.lineno, ast.get_source_segment(mod.text, node) or ""
+        chunks.append((path, start, source))
+        todo += [(path, n, depth + 1) for n in _free_names(node)]
+        return None
+    found = mod.imports.get(wanted)
+    if found is None:
+        return f"`{wanted}` is not defined in {path.relative_to(repo)}"
+    stmt, alias = found
+    if isinstance(stmt, ast.ImportFrom):
+        source_file = _module_file(repo, path, stmt)
+        if source_file is not None:
+            todo.append((source_file, alias.name, depth))  # the same name, elsewhere
+            if (alias.asname or alias.name) != alias.name:
+                imports.append(f"{alias.asname} = {alias.name}")
+            return None
+        root = (stmt.module or "").split(".")[0]
+        if not stmt.level and stmt.module in STAND_INS:
+            if alias.name not in STAND_INS[stmt.module][1]:
+                return f"needs `{stmt.module}.{alias.name}` ({TRAVELS})"
+            stand_ins.add(stmt.module)
+            if alias.asname and alias.asname != alias.name:
+                imports.append(f"{alias.asname} = {alias.name}")
+            return None
+        framework_name = alias.name in FRAMEWORK[1] or framework_lite.PROBE.match(alias.name)
+        if not stmt.level and root not in ALLOWED_ROOTS and framework_name:
+            stand_ins.add("framework")  # digit_version, is_musa_available: see framework_lite
+            bound = alias.asname or alias.name
+            if alias.name not in FRAMEWORK[1]:
+                imports.append(f"{bound} = _no_accelerator")
+            elif bound != alias.name:
+                imports.append(f"{bound} = {alias.name}")
+            return None
+        if stmt.level or root not in ALLOWED_ROOTS:
+            return f"needs `{stmt.module or '.'}` ({TRAVELS})"
+        text = f"from {stmt.module} import {alias.name}"
+    else:
+        root = alias.name.split(".")[0]
+        if root not in ALLOWED_ROOTS:
+            return f"needs `{alias.name}` ({TRAVELS})"
+        text = f"import {alias.name}"
+    imports.append(text + (f" as {alias.asname}" if alias.asname else ""))
+    return None
