@@ -184,7 +184,9 @@ def _resolve(repo, path, wanted, depth, modules, chunks, imports, stand_ins, tod
         else:
             start, source = node.lineno, ast.get_source_segment(mod.text, node) or ""
         chunks.append((path, start, source))
-        todo += [(path, n, depth + 1) for n in _free_names(node)]
+        function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        deeper = depth + 1 if function or depth == 0 else depth  # a constant reads for its reader
+        todo += [(path, n, deeper) for n in _free_names(node)]
         return None
     found = mod.imports.get(wanted)
     if found is None:

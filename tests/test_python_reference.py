@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from miner.discover import discover
@@ -154,6 +155,32 @@ def test_a_frameworks_probes_and_version_helper_travel_as_stand_ins(tmp_path):
     assert vendor_function(tmp_path, "pkg/gradfix.py", "registered") == (
         "!needs `mmengine.registry` (only torch, numpy and the standard library travel)"
     )
+
+
+def test_a_helper_that_reaches_the_extension_on_cuda_travels_with_a_stand_in(tmp_path):
+    """mmcv's `_filtered_lrelu_ref` calls `bias_act`, which calls the extension (loaded at
+    import: `ext_module = ext_loader.load_ext(...)`) for CUDA tensors and a pure-PyTorch path
+    for CPU ones. The names that cannot travel stand in as objects that raise when used: the
+    CPU path runs, the CUDA path fails loudly; the reference reading one itself is refused."""
+    (tmp_path / "pkg" / "utils").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "utils" / "__init__.py").write_text("from .loader import load_ext\n")
+    (tmp_path / "pkg" / "ops.py").write_text(
+        "import torch\nfrom .utils import ext_loader\n\n"
+        "ext_module = ext_loader.load_ext('_ext', ['act'])\n\n\n"
+        "def act(x):\n    if x.is_cuda:\n        return ext_module.act(x)\n"
+        "    return torch.relu(x) * 2\n\n\n"
+        "def act_ref(x):\n    return act(x) + 1\n\n\n"
+        "def direct_ref(x):\n    return ext_module.act(x)\n"
+    )
+    source = vendor_function(tmp_path, "pkg/ops.py", "act_ref")
+    namespace: dict = {}
+    exec(source, namespace)
+    x = torch.tensor([-1.0, 2.0])
+    assert namespace["act_ref"](x).tolist() == [1.0, 5.0]
+    with pytest.raises(RuntimeError, match="ext_loader"):
+        namespace["ext_module"].act(x)
+    assert vendor_function(tmp_path, "pkg/ops.py", "direct_ref").startswith("!`ext_loader`")
 
 
 BACKWARD_HOST = [
