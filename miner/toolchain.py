@@ -14,6 +14,7 @@ torch imported lazily where cpp_extension has to be asked.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -188,6 +189,45 @@ def torch_include_dirs() -> tuple[str, ...]:
     return tuple(str(d) for d in dirs if d.is_dir())
 
 
+@functools.cache
+def cuda_library_dirs() -> tuple[str, ...]:
+    """Headers of CUDA libraries this machine's toolkit lacks (a compile-only install without
+    cuRAND: a kernel that draws random numbers includes curand_kernel.h) that pip's nvidia-*
+    wheels installed beside torch: kminer depends on nvidia-curand, and torch's CUDA builds
+    bring the others. Only the missing headers are exposed, linked into a folder of their own,
+    so a wheel's copy never shadows a header the toolkit has."""
+    toolkit = Path(cuda_include_dir() or "/usr/local/cuda/include")
+    try:
+        import nvidia  # a namespace package of the nvidia-* wheels
+
+        roots = [Path(p) for p in nvidia.__path__]
+    except ImportError:
+        return ()
+    missing = {}
+    for root in roots:
+        for header in sorted(root.glob("*/include/cu*.h")):
+            if not (toolkit / header.name).exists():
+                missing.setdefault(header.name, header)
+    if not missing:
+        return ()
+    key = hashlib.sha256(repr(sorted(map(str, missing.values()))).encode()).hexdigest()[:12]
+    # beside the wheels (the execution boundary reads them; its /tmp is a private one)
+    folder = roots[0].parent / f"kminer-cuda-libs-{key}"
+    if not folder.is_dir():
+        try:
+            staging = Path(tempfile.mkdtemp(prefix="kminer-cuda-libs-", dir=folder.parent))
+        except OSError:  # a read-only install: no cuRAND for this machine's compiles
+            return ()
+        staging.chmod(0o755)  # the execution boundary compiles as a uid of its own
+        for name, header in missing.items():
+            (staging / name).symlink_to(header)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return (str(folder),)
+
+
 def _has_cuda_math_headers() -> bool:
     nvcc = nvcc_path()
     if nvcc is None:
@@ -218,7 +258,7 @@ def unit_flags(needs_torch: bool) -> list[str]:
     """nvcc flags of a unit's compile check (`-c`): bare and fast, or with the torch headers
     and the defines cpp_extension sets for them."""
     flags = [f"-std={cxx_standard()}", *arch_flags(), "-w"]
-    flags += [f"-I{d}" for d in header_library_dirs()]
+    flags += [f"-I{d}" for d in (*header_library_dirs(), *cuda_library_dirs())]
     if needs_torch:
         flags += [f"-I{d}" for d in torch_include_dirs()] + list(NVCC_DEFINES)
     return flags
@@ -233,7 +273,7 @@ def extension_flags() -> tuple[str, ...]:
     if not _has_cuda_math_headers():
         incs.append(str(HERE / "stubs/cuda_libs_shim"))
     incs.append(sysconfig.get_paths()["include"])
-    incs += header_library_dirs()
+    incs += [*header_library_dirs(), *cuda_library_dirs()]
     return (
         *[f"-I{d}" for d in incs],
         *NVCC_DEFINES,
