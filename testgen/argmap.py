@@ -32,6 +32,11 @@ _KEEP_VALUE = (
 )
 
 
+# a CPU function's own parallelism (threads, workers): it changes how the CPU computes, not
+# what, so a reference called without it runs on one
+_PARALLELISM = re.compile(r"^(?:num_|n_?)?(?:workers|threads|jobs)$", re.IGNORECASE)
+
+
 @dataclass
 class Call:
     callee: str
@@ -132,6 +137,9 @@ def map_arguments(
     params = set(steps[-1].caller_params) if steps else set(exposed_params)
     out = []
     for arg in cpu_args:
+        if arg.strip() in params - set(env) and _PARALLELISM.match(arg.strip()):
+            out.append("1")  # radius_cpu's num_workers, which the CUDA path has no use for
+            continue
         for name in sorted(names_in(arg)):
             if name in env:
                 continue

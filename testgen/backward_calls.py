@@ -93,7 +93,7 @@ def backward_calls(binding: str, recorded: dict, refs) -> list[RecordedCall] | s
         except Unmappable as e:
             why = str(e)
             continue
-        outs = _returned(body, bound, refs, DEPTH) or []
+        outs = _returned(body, bound, refs, DEPTH) or _as_recorded(call.returned)
         # what the forward wrote into the tensors it was passed: as the CPU build left them
         # when the recorder ran it, else shaped by its host code's `resize_as_`
         written = [(params[k], v) for k, v in sorted(call.after.items()) if k < len(params)]
@@ -104,6 +104,19 @@ def backward_calls(binding: str, recorded: dict, refs) -> list[RecordedCall] | s
             continue
         made.append(RecordedCall(binding, args, {}, call.test_file))
     return made or f"{binding} from {fwd}'s calls: {why}"
+
+
+def _as_recorded(returned: list) -> list:
+    """(name, tensor) for what the forward returned when the recorder ran it on the CPU build,
+    zeros of its shapes (a C++ autograd Function's `apply` hides them from the host code)."""
+    import torch
+
+    out = []
+    for k, (shape, dtype) in enumerate(returned):
+        kind = getattr(torch, dtype, None)
+        if isinstance(kind, torch.dtype):
+            out.append((f"returned{k}", torch.zeros(shape, dtype=kind)))
+    return out
 
 
 _RESIZE_AS = re.compile(r"\b(\w+)\s*\.\s*resize_as_\s*\(\s*(\w+)\s*\)")

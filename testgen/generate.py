@@ -59,6 +59,23 @@ class ModelHelp:
 VARIANTS_PER_KIND = 3  # the best of each kind, then alternates for one that survives or fails
 
 
+def _backward_on_chain(cand: Candidate, recorded, refs, python_fn: str):
+    """Launcher calls made from the forward's recorded calls for a backward function on the
+    label's chain below the public op (pytorch_spline_conv: `spline_basis` is the op, its C++
+    autograd Function calls `spline_basis_bw` from `backward`, which no test reaches); None
+    when there is none."""
+    chain = cand.wrapper.op_map.get("chain") or []
+    for name in reversed(chain):
+        if name == python_fn or not is_backward(name):
+            continue
+        derived = backward_calls(name, recorded, refs)
+        if isinstance(derived, list):
+            base, _ = base_calls(cand, derived, refs)
+            if base:
+                return base, "forward"
+    return None
+
+
 def _skip(cand: Candidate, reason: Reason, detail: str, **metrics) -> None:
     cand.set_stage(
         StageName.TESTGEN,
@@ -231,6 +248,8 @@ def generate_for(
         calls = sibling_calls(refs, python_fn, recorded)
         source = "sibling" if calls else source
     base, why = base_calls(cand, calls, refs)
+    if not base:  # reached through a C++ autograd Function's backward (spline_basis_bw)
+        base, source = _backward_on_chain(cand, recorded, refs, python_fn) or (base, source)
     if not base:
         inputs_tried = llm is not None
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)

@@ -37,8 +37,8 @@ RUN_TIMEOUT_S = 180.0
 MAX_CALLS = 24
 # Lua torch's names live on in older extensions (SparseConvNet: `X_updateOutput`, `X_backward`,
 # `X_updateGradInput`, `X_accGradParameters`)
-_BACKWARD = {"backward", "bwd", "grad", "updategradinput", "accgradparameters"}
-_DIRECTION = _BACKWARD | {"forward", "fwd", "updateoutput"}
+_BACKWARD = {"backward", "bwd", "bw", "grad", "updategradinput", "accgradparameters"}
+_DIRECTION = _BACKWARD | {"forward", "fwd", "fw", "updateoutput"}
 _GRAD_OF = re.compile(r"^(?:grad_?|d_?)(?P<a>\w+)$|^(?P<b>\w+?)_?grad$")
 _OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
 
@@ -60,6 +60,10 @@ def forward_of(binding: str, names) -> str | None:
     if not back:
         return None
     found = [n for n in sorted(set(names)) if n != binding and _stem(n) == (stem, False)]
+    if not found:  # `spline_weighting_bw_x`: the gradient for the forward's `x`
+        words = binding.lower().split("_")
+        before = "_".join(words[: next(i for i, w in enumerate(words) if w in _BACKWARD)])
+        found = [n for n in sorted(set(names)) if n != binding and _stem(n) == (before, False)]
     return found[0] if found else None
 
 

@@ -36,6 +36,7 @@ class RecordedCall:
     test_file: str = ""  # relative to the repository root
     # arguments the call changed, by position, as they were after it ran on the CPU build
     after: dict = field(default_factory=dict)
+    returned: list = field(default_factory=list)  # [shape, dtype name] per tensor it returned
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""
@@ -131,6 +132,11 @@ def _run_recorder(repo: Path, test_file: Path, built: dict[str, Path]) -> bytes 
         return data
 
 
+def _listed(rest: list) -> list:
+    """The returned [shape, dtype] pairs of a recorded call (none in older recordings)."""
+    return [list(r) for r in rest[0]] if rest else []
+
+
 def record_file(
     repo: Path, test_file: Path, cache_dir: Path, built: dict[str, Path] | None = None
 ) -> tuple[list[RecordedCall], list[RefCall]]:
@@ -156,8 +162,8 @@ def record_file(
     try:
         raw = torch.load(out, weights_only=True)
         calls = [
-            RecordedCall(n, list(a), dict(k), rel, dict(after[0]) if after else {})
-            for n, a, k, *after in raw["calls"]
+            RecordedCall(n, list(a), dict(k), rel, dict(rest[0]) if rest else {}, _listed(rest[1:]))
+            for n, a, k, *rest in raw["calls"]
         ]
         refs = [
             RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in ps], rel, *arrays)

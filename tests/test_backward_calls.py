@@ -157,7 +157,39 @@ def test_the_recorder_keeps_what_a_call_wrote_into_its_arguments():
     index = log.add("f_updateOutput", (x, out, 2.0), {})
     out.resize_as_(x).copy_(x * 2.0)  # what the CPU build does
     log.written(index, (x, out, 2.0))
-    function, before, _, after = log.calls[index]
+    log.returned(index, (out, torch.zeros(4, dtype=torch.int32), 2.0))
+    function, before, _, after, returned = log.calls[index]
     assert function == "f_updateOutput" and before[1].shape == (0,)
     assert list(after) == [1] and torch.equal(after[1], x * 2.0)
+    assert returned == [[[3, 2], "float32"], [[4], "int32"]]  # what it returned: shapes only
     assert log.add("f_updateOutput", (x, torch.empty(0), 2.0), {}) is None  # a repeat
+
+
+def test_a_cpp_autograd_backward_takes_the_shape_the_forward_returned(tmp_path):
+    """pytorch_spline_conv's op `spline_basis` runs a C++ autograd Function, whose backward
+    calls `spline_basis_bw(grad_basis, pseudo, degree)`: no test reaches it, and the forward's
+    output hides behind `SplineBasis::apply`. What the forward returned when the recorder ran
+    it on the CPU build (its shape and dtype) shapes the gradient; `_bw` reads as backward."""
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "basis.cpp").write_text(
+        "#include <torch/script.h>\n"
+        "torch::Tensor spline_basis_fw(torch::Tensor pseudo, int64_t degree);\n"
+        "torch::Tensor spline_basis_bw(torch::Tensor grad_basis, torch::Tensor pseudo,\n"
+        "                              int64_t degree) { return grad_basis.sum(1); }\n"
+        "class SplineBasis : public torch::autograd::Function<SplineBasis> {\n"
+        " public:\n"
+        "  static variable_list forward(AutogradContext *ctx, Variable pseudo, int64_t degree) {\n"
+        "    return {spline_basis_fw(pseudo, degree)};\n  }\n};\n"
+        "torch::Tensor spline_basis(torch::Tensor pseudo, int64_t degree) {\n"
+        "  auto result = SplineBasis::apply(pseudo, degree);\n  return result[0];\n}\n"
+    )
+    refs = RepoRefs(discover(tmp_path))
+    pseudo = torch.rand(5, 2)
+    forward = RecordedCall("spline_basis", [pseudo, 1], returned=[[[5, 4], "float64"]])
+    made = backward_calls("spline_basis_bw", {"spline_basis": [forward]}, refs)
+    assert not isinstance(made, str), made
+    grad_basis, given, degree = made[0].args
+    assert grad_basis.shape == (5, 4) and grad_basis.dtype == torch.float64
+    assert grad_basis.abs().sum() > 0 and torch.equal(given, pseudo) and degree == 1
+    blind = RecordedCall("spline_basis", [pseudo, 1])  # an older recording: no shapes
+    assert "cannot be read" in backward_calls("spline_basis_bw", {"spline_basis": [blind]}, refs)

@@ -196,6 +196,25 @@ def test_map_arguments_through_two_calls():
     assert "local value of op" in local
 
 
+def test_a_cpu_functions_own_worker_count_is_one():
+    """pytorch_cluster's radius(x, y, ..., num_workers) passes num_workers to radius_cpu only:
+    the reference runs on one worker instead of being refused; any other parameter the CUDA
+    path never sees still refuses it."""
+    steps = [
+        Step(
+            "radius",
+            ["x", "y", "r", "num_workers"],
+            "radius_cuda",
+            ["x", "y", "r"],
+            ["x", "y", "r"],
+        )
+    ]
+    cpu = ["x", "y", "r", "num_workers"]
+    assert map_arguments(steps, ["x", "y", "r"], cpu, set(), "radius_cpu") == ["x", "y", "r", "1"]
+    lost = map_arguments(steps, ["x", "y", "r"], ["x", "y", "r", "num_workers * 2"], set(), "c")
+    assert lost.startswith("not invertible: radius's parameter `num_workers`")
+
+
 def test_adapter_takes_enums_as_integers():
     sig = parse_signature("void L(Tensor x, Reduce mode) {}", "L")
     code, target = adapter(sig, "l_cpu", ["x", "mode"], frozenset({"Reduce"}), None, "note")

@@ -63,8 +63,21 @@ class _Log:
         self._shapes.add(shapes)
         self._count[function] = count + 1
         self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named, {}))
+        self.calls.append((function, snap, named, {}, []))
         return len(self.calls) - 1
+
+    def returned(self, index: int, result) -> None:
+        """What the call returned on the CPU build, as [shape, dtype] per tensor: a C++
+        autograd Function's backward (pytorch_spline_conv's `spline_basis_bw`, which no test
+        calls) takes the gradient of the forward's output, shaped like it."""
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        self.calls[index][4][:] = [
+            [list(t.shape), str(t.dtype).removeprefix("torch.")]
+            for t in tree_leaves(result)
+            if isinstance(t, torch.Tensor)
+        ]
 
     def written(self, index: int, args: tuple) -> None:
         """After the call ran on the CPU build: the tensor arguments it changed (resized or

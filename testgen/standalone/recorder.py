@@ -170,6 +170,7 @@ class _Recorder(types.ModuleType):
             if index is not None:
                 with contextlib.suppress(Exception):
                     log.written(index, args)
+                    log.returned(index, result)
             if any(_tagged(a) for a in (*args, *kwargs.values())):
                 _tag(result)  # computed from tensors that pass for CUDA ones
             return result
