@@ -51,6 +51,16 @@ _CUDA_HEADER = re.compile(
     r"|^(ATen/cuda|c10/cuda|THC)/|\.cuh$"
 )
 DEPTH = 3  # callers above the exposed function searched for a bridge (mmcv: 1, nms_rotated: 1)
+_QUALIFIER = re.compile(r"(?<![\w:])([A-Za-z_]\w*)\s*::")
+_NAMESPACE = re.compile(r"\bnamespace\s+([A-Za-z_]\w*)\s*\{")
+_KNOWN_NAMESPACES = {"std", "at", "torch", "c10", "caffe2", "pybind11", "py", "detail", "cuda"}
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"[^"\n]*"[^\n]*$', re.MULTILINE)
+
+
+def _without_repository_includes(text: str) -> str:
+    """A vendored header's text with its `#include "..."` lines blanked (what they name is
+    inlined before it, or is part of the extracted closure)."""
+    return _QUOTED_INCLUDE.sub("", text)
 
 
 def cpu_env() -> MacroEnv:
@@ -106,6 +116,32 @@ class RepoRefs:
 
     def body(self, item: Item) -> str:
         return self.disc.models[item.file].code[item.start : item.end]
+
+    def vendored_headers(self, file: str, body: str) -> list[tuple[str, str]]:
+        """Headers `file` reaches by #include that declare a namespace the extracted `body`
+        uses and does not declare (pytorch_cluster's knn_cpu: `nanoflann::KDTreeSingleIndex
+        Adaptor`, from the header-only nanoflann.hpp the repository ships), whole and in
+        include order (what they include from the repository first): a library's templates
+        are not taken apart item by item."""
+        used = set(_QUALIFIER.findall(blank_comments_and_strings(body))) - _KNOWN_NAMESPACES
+        missing = used - set(_NAMESPACE.findall(body))
+        out: list[tuple[str, str]] = []
+        seen: set[str] = set()
+
+        def visit(rel: str, depth: int) -> None:
+            for inc in sorted(self._graph.get(rel, ())):
+                if inc in seen or _GPU_DIR.search(inc) or depth > 8:
+                    continue
+                seen.add(inc)
+                text = self.disc.models[inc].code if inc in self.disc.models else ""
+                declares = set(_NAMESPACE.findall(text)) & missing
+                visit(inc, depth + 1)
+                if declares:
+                    out.append((inc, _without_repository_includes(text)))
+
+        if missing:
+            visit(file, 0)
+        return out
 
     def signature(self, item: Item) -> Signature | None:
         return parse_signature(self.body(item), item.names[0], item.namespace)
@@ -335,6 +371,13 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         refs.index.enums,
         refs.signature(loc.cpu) if overloads == 1 else None,
         f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
+    )
+    vendored = refs.vendored_headers(loc.cpu.file, body)
+    body = (
+        "".join(
+            f"// {rel} (whole: a library the repository ships)\n{text}\n" for rel, text in vendored
+        )
+        + body
     )
     prov = cand.provenance
     modern = modernize(cpu_includes(closure), [body, code], cuda=False)

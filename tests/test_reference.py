@@ -7,9 +7,10 @@ import pytest
 from conftest import FIXTURES, kernel
 
 from miner.candidate import Provenance, Reference
+from miner.discover import discover
 from miner.repo_model import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
-from testgen.reference import find_reference, locate
+from testgen.reference import RepoRefs, find_reference, locate
 from wrappers.batching import batch_source, split_label
 from wrappers.mined import mine_wrapper
 from wrappers.opmap import op_map
@@ -284,3 +285,37 @@ def test_a_function_template_is_matched_at_the_instantiation_its_label_binds():
     assert plain.returns == "double"
     sig.template_args = "float"  # one argument for two parameters: no instantiation to take
     assert specialized(sig) is None
+
+
+def test_a_header_only_library_the_repository_ships_travels_whole(tmp_path):
+    """pytorch_cluster's knn_cpu builds a kd-tree with nanoflann.hpp, a 2000-line header-only
+    library in its csrc/cpu/utils: the extracted reference named `nanoflann::` and did not
+    build. A header the CPU function's file reaches by #include that declares a namespace the
+    extracted code uses is inlined whole, before it; one declaring nothing used is not."""
+    (tmp_path / "csrc" / "cpu" / "utils").mkdir(parents=True)
+    (tmp_path / "csrc" / "cpu" / "utils" / "tinyflann.hpp").write_text(
+        '#pragma once\n#include <vector>\n#include "config.h"\n'
+        "namespace tinyflann {\ntemplate <typename T> struct L2 {\n"
+        "  static T dist(T a, T b) { return (a - b) * (a - b); }\n};\n}  // namespace tinyflann\n"
+    )
+    (tmp_path / "csrc" / "cpu" / "utils" / "config.h").write_text("#define TINY_LEAF 10\n")
+    (tmp_path / "csrc" / "cpu" / "utils" / "unused.hpp").write_text(
+        "namespace unused {\ninline int f() { return 1; }\n}\n"
+    )
+    (tmp_path / "csrc" / "cpu" / "near_cpu.cpp").write_text(
+        '#include <torch/extension.h>\n#include "utils/tinyflann.hpp"\n'
+        '#include "utils/unused.hpp"\n\n'
+        "torch::Tensor near_cpu(torch::Tensor x) {\n"
+        "  auto out = x.clone();\n  float* p = out.data_ptr<float>();\n"
+        "  for (int64_t i = 0; i < out.numel(); ++i)\n"
+        "    p[i] = tinyflann::L2<float>::dist(p[i], 1.f);\n"
+        "  return out;\n}\n"
+    )
+    refs = RepoRefs(discover(tmp_path))
+    item = refs.definition("near_cpu", host_side=True)
+    body = refs.body(item)
+    shipped = refs.vendored_headers("csrc/cpu/near_cpu.cpp", body)
+    assert [rel for rel, _ in shipped] == ["csrc/cpu/utils/tinyflann.hpp"]
+    text = shipped[0][1]
+    assert "namespace tinyflann {" in text and '#include "config.h"' not in text
+    assert refs.vendored_headers("csrc/cpu/near_cpu.cpp", "return x;") == []

@@ -371,13 +371,18 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
     generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
-    good, bad, noisy = (tmp_path / f"{n}.cpp" for n in ("good", "bad", "noisy"))
+    good, bad, noisy, drawn = (tmp_path / f"{n}.cpp" for n in ("good", "bad", "noisy", "drawn"))
     good.write_text(CPU_AFFINE % "")
     bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
     # another last element on every call (a race, a random start): no case can judge it
     noisy.write_text(CPU_AFFINE % " + (k == n - 1 ? ((++calls) % 2 ? 1.0 : -1.0) : 0)")
     noisy.write_text(noisy.read_text().replace("void Affine", "static int calls = 0;\nvoid Affine"))
-    impls = (good, bad, noisy)
+    # a host function that draws a random number (a random walk's start) repeats itself under
+    # one seed, and no seed makes the CPU's draw equal the GPU's: it must be run under another
+    drawn.write_text(
+        CPU_AFFINE % " + (k == n - 1 ? at::rand({1}, in.options()).item<scalar_t>() : 0)"
+    )
+    impls = (good, bad, noisy, drawn)
     outcomes = {impl.stem: _run_generated(tmp_path, cand, impl) for impl in impls}
     code, rep = outcomes["good"]
     assert code == 0 and rep["outcome"] == "pass", rep
@@ -390,6 +395,8 @@ def test_rendered_test_passes_the_right_code_and_fails_a_wrong_one(refrepo, tmp_
     code, rep = outcomes["noisy"]
     assert code != 0 and rep["outcome"] == "nondeterministic", rep
     assert all(c["ok"] is None and "run again" in c["note"] for c in rep["cases"])
+    code, rep = outcomes["drawn"]
+    assert code != 0 and rep["outcome"] == "nondeterministic", rep
 
 
 MODE_LABEL = """#include <torch/extension.h>
@@ -783,6 +790,39 @@ def test_a_case_a_python_reference_asserts_against_is_left_out(refrepo, tmp_path
     assert module._run_case(case, base, label, SimpleNamespace(reference=picky))["ok"] is True
     refused = module._run_case({**case, "base": 1}, base, label, SimpleNamespace(reference=picky))
     assert refused["ok"] is None and "AssertionError: four values only" in refused["note"]
+
+
+def test_a_recorded_dtype_the_labels_dispatch_leaves_out_is_not_a_crash(refrepo, tmp_path):
+    """pytorch_spline_conv's tests call its ops in bfloat16; its CUDA dispatch
+    (AT_DISPATCH_FLOATING_TYPES) takes none, and neither does its CPU reference. The reference
+    runs upcast, the label refuses the dtype: that recorded case is invalid with the reason,
+    not the test's crash; any other error of the label still fails the test."""
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    base = [[torch.ones(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16), False]]
+
+    def dispatch(x, out, flag):
+        if x.dtype == torch.bfloat16:
+            raise NotImplementedError("\"basis_fw\" not implemented for 'BFloat16'")
+        out.copy_(x * 2)
+
+    label = SimpleNamespace(**{module.FUNCTION: dispatch})
+    left_out = module._run_case(case, base, label, SimpleNamespace(reference=dispatch))
+    assert left_out["ok"] is None and "not implemented for 'BFloat16'" in left_out["note"]
+
+    def broken(x, out, flag):
+        raise RuntimeError("shape mismatch in the kernel's host code")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        module._run_case(
+            case,
+            base,
+            SimpleNamespace(**{module.FUNCTION: broken}),
+            SimpleNamespace(reference=dispatch),
+        )
 
 
 def test_a_label_revised_without_its_kernel_is_upstream_failed_not_a_crash(refrepo, tmp_path):
