@@ -197,12 +197,13 @@ def cuda_library_dirs() -> tuple[str, ...]:
     bring the others. Only the missing headers are exposed, linked into a folder of their own,
     so a wheel's copy never shadows a header the toolkit has."""
     toolkit = Path(cuda_include_dir() or "/usr/local/cuda/include")
-    try:
-        import nvidia  # a namespace package of the nvidia-* wheels
-
-        roots = [Path(p) for p in nvidia.__path__]
-    except ImportError:
+    try:  # `nvidia`: the namespace package of the nvidia-* wheels (found, never imported)
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
         return ()
+    roots = [Path(p) for p in spec.submodule_search_locations]
     missing = {}
     for root in roots:
         for header in sorted(root.glob("*/include/cu*.h")):

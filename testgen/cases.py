@@ -247,7 +247,8 @@ def channel_tiling(
     not be valid: the data (first floating tensor) must be >= 3-D with C channels (or 2-D
     beside a 1-D tensor of C values, which says its dim 1 is channels); every >= 3-D
     tensor with C at dim 1 goes along (outputs, gradients), and so does a 1-D tensor of C
-    values when C > 1 (a per-channel bias or scale); no integer argument may be C (it
+    values when C > 1 (a per-channel bias or scale; an integer one, such as a kernel size per
+    coordinate of (E, D) points, says dim 1 is not channels); no integer argument may be C (it
     could be the channel count; with C = 1, only one whose name says channels counts, as 1 is
     every flag's value) and no tensor may have a multiple of C at dim 1 (a layout that
     mixes channels with something else). Every size is a multiple of C = 1, so that rule says
@@ -264,6 +265,8 @@ def channel_tiling(
     ]
     if args[d].dim() < 3 and not per_channel:  # 2-D data: its dim 1 is channels only beside
         return None  # a vector of one value per channel
+    if any(not (args[i].is_floating_point() or args[i].is_complex()) for i in per_channel):
+        return None  # integers per entry (spline_conv's kernel_size per pseudo dimension): axes
     low = min(3, args[d].dim())
     names = names or [""] * len(args)
     for a, name in zip(args, names, strict=False):

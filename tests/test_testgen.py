@@ -179,6 +179,11 @@ def test_channel_tiling_takes_the_data_and_its_outputs():
     # 2-D data [N, C] is widened only beside such a vector (its dim 1 is then channels)
     assert channel_tiling([torch.randn(1, 3), torch.randn(3), torch.empty(0), 0, 1]) == [0, 1]
     assert channel_tiling([torch.randn(1, 3), torch.randn(4), 0, 1]) is None
+    # points of D coordinates beside a kernel size and a flag per coordinate (spline_conv's
+    # pseudo [E, D], kernel_size [D], is_open_spline [D]): D is no channel count (x513 copies
+    # made 2^1026 weights and the reference died of it)
+    pseudo = [torch.rand(4, 2), torch.tensor([5, 5]), torch.tensor([1, 1], dtype=torch.uint8), 1]
+    assert channel_tiling(pseudo) is None
     # tiny data gets a third, large widening so loops over several blocks are reached
     assert tile_times(3) == [3, 37, 1367] and tile_times(4 * 64 * 8) == [3, 37]
 
@@ -703,6 +708,8 @@ def test_only_memory_a_label_never_wrote_is_told_from_nondeterminism(refrepo, tm
     ints_a, ints_b = filled(a_byte, 2, torch.int64), filled(b_byte, 2, torch.int64)
     assert module._only_unwritten_differs([a, ints_a], [b, ints_b])
     assert module._only_unwritten_differs([torch.empty(0), a], [torch.empty(0), b])
+    start_a, start_b = torch.tensor(3), torch.tensor(7)  # fps's one random start index (0-dim)
+    assert not module._only_unwritten_differs([start_a, a], [start_b, b])
     raced = b.clone()
     raced[0] += 1.0  # a written element that differs: a race, not unwritten memory
     assert not module._only_unwritten_differs([a], [raced])
