@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import builtins
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testgen import einops_lite, framework_lite
@@ -23,6 +24,7 @@ from testgen import einops_lite, framework_lite
 ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
 STAND_INS = {"einops": (Path(einops_lite.__file__), set(einops_lite.EXPORTS))}
 FRAMEWORK = (Path(framework_lite.__file__), set(framework_lite.EXPORTS))
+_STAND_IN_FILES = {"framework": FRAMEWORK[0]} | {m: f for m, (f, _) in STAND_INS.items()}
 TRAVELS = "only torch, numpy and the standard library travel"
 MAX_ITEMS = 80  # names followed (mmcv's _filtered_lrelu_ref: 61, through bias_act and upfirdn2d)
 
@@ -90,7 +92,7 @@ def _stand_in(module: str) -> str:
     """The stand-in's code without its docstring, under a line that says what it is."""
     if module == "unavailable":
         return _UNAVAILABLE
-    text = (FRAMEWORK if module == "framework" else STAND_INS[module])[0].read_text("utf-8")
+    text = _STAND_IN_FILES[module].read_text("utf-8")
     first = ast.parse(text).body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
         text = "\n".join(text.splitlines()[first.end_lineno :])
@@ -99,34 +101,31 @@ def _stand_in(module: str) -> str:
 
 def vendor_function(repo: Path, file: str, name: str) -> str:
     """The function's source with its needs; '!why' when it cannot stand alone."""
-    repo = repo.resolve()
-    modules: dict[Path, _Module] = {}
-    chunks: list[tuple[Path, int, str]] = []  # (file, line, source), emitted by file then line
-    imports: list[str] = []
-    seen: set[tuple[Path, str]] = set()
-    stand_ins: set[str] = set()
+    walk = _Walk(repo.resolve())
     unavailable: dict[str, str] = {}  # names that stand in as _Unavailable, and why
-    todo = [(repo / file, name, 0)]  # 0: the reference, 1: what it reads itself, 2: deeper
-    while todo:
-        path, wanted, depth = todo.pop()
+    seen: set[tuple[Path, str]] = set()
+    walk.todo.append((walk.repo / file, name, 0))  # 0: the reference, 1: what it reads, 2: deeper
+    while walk.todo:
+        path, wanted, depth = walk.todo.pop()
         if (path, wanted) in seen:
             continue
         seen.add((path, wanted))
         if len(seen) > MAX_ITEMS:
             return f"!needs more than {MAX_ITEMS} definitions"
-        why = _resolve(repo, path, wanted, depth, modules, chunks, imports, stand_ins, todo)
+        why = walk.resolve(path, wanted, depth)
         if why is None:
             continue
         if depth <= 1:
             return "!" + why
         unavailable.setdefault(wanted, why)  # read on a helper's path the CPU may not take
-    order = {p: i for i, p in enumerate(reversed(list(modules)))}  # helpers' files first
-    chunks.sort(key=lambda c: (order[c[0]], c[1]))
-    body = [_guarded(src, set(unavailable)) for _, _, src in chunks]
+    order = {p: i for i, p in enumerate(reversed(list(walk.modules)))}  # helpers' files first
+    walk.chunks.sort(key=lambda c: (order[c[0]], c[1]))
+    body = [_guarded(src, set(unavailable)) for _, _, src in walk.chunks]
     if unavailable:
-        stand_ins.add("unavailable")
+        walk.stand_ins.add("unavailable")
         body.insert(0, "\n".join(f"{n} = _Unavailable({w!r})" for n, w in unavailable.items()))
-    body = [_stand_in(m) for m in sorted(stand_ins)] + body
+    body = [_stand_in(m) for m in sorted(walk.stand_ins)] + body
+    imports = walk.imports
     aliases = [i for i in imports if " = " in i]
     head = sorted({i for i in imports if " = " not in i}, key=lambda i: (i.startswith("from"), i))
     return "\n".join(head) + "\n\n\n" + "\n\n\n".join(body) + "\n" + "\n".join(aliases) + "\n"
@@ -166,63 +165,76 @@ def _guarded(source: str, unavailable: set[str]) -> str:
     return f"try:\n{body}\nexcept Exception:\n{fallback or '    pass'}"
 
 
-def _resolve(repo, path, wanted, depth, modules, chunks, imports, stand_ins, todo) -> str | None:
-    """Adds what `wanted` needs in `path` (its definition, or the import that binds it, and
-    what those read, to `todo`); says why it cannot travel, else None."""
-    try:
-        mod = modules.get(path) or modules.setdefault(path, _Module(path))
-    except (OSError, SyntaxError, ValueError) as exc:
-        return f"cannot read {path.name}: {exc}"
-    node = mod.defs.get(wanted)
-    if node is not None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            start = node.lineno
-            source = ast.get_source_segment(mod.text, node, padded=False) or ""
-            deco = "\n".join(f"@{ast.unparse(d)}" for d in node.decorator_list)
-            if deco and source.startswith("@"):
-                source = source.split("\n", len(node.decorator_list))[-1]
-        else:
-            start, source = node.lineno, ast.get_source_segment(mod.text, node) or ""
-        chunks.append((path, start, source))
-        function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        deeper = depth + 1 if function or depth == 0 else depth  # a constant reads for its reader
-        todo += [(path, n, deeper) for n in _free_names(node)]
-        return None
-    found = mod.imports.get(wanted)
-    if found is None:
-        return f"`{wanted}` is not defined in {path.relative_to(repo)}"
-    stmt, alias = found
-    if isinstance(stmt, ast.ImportFrom):
-        source_file = _module_file(repo, path, stmt)
-        if source_file is not None:
-            todo.append((source_file, alias.name, depth))  # the same name, elsewhere
-            if (alias.asname or alias.name) != alias.name:
-                imports.append(f"{alias.asname} = {alias.name}")
+@dataclass
+class _Walk:
+    """What vendoring has gathered so far: the files read, the definitions to copy, the imports
+    and stand-ins to write, and the names still to follow ((file, name, depth))."""
+
+    repo: Path
+    modules: dict[Path, _Module] = field(default_factory=dict)
+    chunks: list[tuple[Path, int, str]] = field(default_factory=list)  # (file, line, source)
+    imports: list[str] = field(default_factory=list)
+    stand_ins: set[str] = field(default_factory=set)
+    todo: list[tuple[Path, str, int]] = field(default_factory=list)
+
+    def resolve(self, path: Path, wanted: str, depth: int) -> str | None:
+        """Takes in what `wanted` needs in `path` (its definition, or the import that binds it,
+        and what those read); says why it cannot travel, else None."""
+        try:
+            mod = self.modules.get(path) or self.modules.setdefault(path, _Module(path))
+        except (OSError, SyntaxError, ValueError) as exc:
+            return f"cannot read {path.name}: {exc}"
+        node = mod.defs.get(wanted)
+        if node is not None:
+            self.chunks.append((path, node.lineno, _source(mod, node)))
+            function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            deeper = depth + 1 if function or depth == 0 else depth  # a constant: its reader's
+            self.todo += [(path, n, deeper) for n in _free_names(node)]
             return None
-        root = (stmt.module or "").split(".")[0]
-        if not stmt.level and stmt.module in STAND_INS:
+        found = mod.imports.get(wanted)
+        if found is None:
+            return f"`{wanted}` is not defined in {path.relative_to(self.repo)}"
+        stmt, alias = found
+        if not isinstance(stmt, ast.ImportFrom):
+            if alias.name.split(".")[0] not in ALLOWED_ROOTS:
+                return f"needs `{alias.name}` ({TRAVELS})"
+            self.imports.append(
+                f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+            )
+            return None
+        source_file = _module_file(self.repo, path, stmt)
+        bound = alias.asname or alias.name
+        if source_file is not None:
+            self.todo.append((source_file, alias.name, depth))  # the same name, elsewhere
+        elif not stmt.level and stmt.module in STAND_INS:
             if alias.name not in STAND_INS[stmt.module][1]:
                 return f"needs `{stmt.module}.{alias.name}` ({TRAVELS})"
-            stand_ins.add(stmt.module)
-            if alias.asname and alias.asname != alias.name:
-                imports.append(f"{alias.asname} = {alias.name}")
-            return None
-        framework_name = alias.name in FRAMEWORK[1] or framework_lite.PROBE.match(alias.name)
-        if not stmt.level and root not in ALLOWED_ROOTS and framework_name:
-            stand_ins.add("framework")  # digit_version, is_musa_available: see framework_lite
-            bound = alias.asname or alias.name
+            self.stand_ins.add(stmt.module)
+        elif stmt.level or (stmt.module or "").split(".")[0] not in ALLOWED_ROOTS:
+            if stmt.level or not (
+                alias.name in FRAMEWORK[1] or framework_lite.PROBE.match(alias.name)
+            ):
+                return f"needs `{stmt.module or '.'}` ({TRAVELS})"
+            self.stand_ins.add("framework")  # digit_version, is_musa_available: framework_lite
             if alias.name not in FRAMEWORK[1]:
-                imports.append(f"{bound} = _no_accelerator")
-            elif bound != alias.name:
-                imports.append(f"{bound} = {alias.name}")
+                self.imports.append(f"{bound} = _no_accelerator")
+                return None
+        else:
+            self.imports.append(
+                f"from {stmt.module} import {alias.name}"
+                + (f" as {alias.asname}" if alias.asname else "")
+            )
             return None
-        if stmt.level or root not in ALLOWED_ROOTS:
-            return f"needs `{stmt.module or '.'}` ({TRAVELS})"
-        text = f"from {stmt.module} import {alias.name}"
-    else:
-        root = alias.name.split(".")[0]
-        if root not in ALLOWED_ROOTS:
-            return f"needs `{alias.name}` ({TRAVELS})"
-        text = f"import {alias.name}"
-    imports.append(text + (f" as {alias.asname}" if alias.asname else ""))
-    return None
+        if bound != alias.name:
+            self.imports.append(f"{bound} = {alias.name}")
+        return None
+
+
+def _source(mod: _Module, node: ast.stmt) -> str:
+    """A definition's source as written, without its decorators."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return ast.get_source_segment(mod.text, node) or ""
+    source = ast.get_source_segment(mod.text, node, padded=False) or ""
+    if node.decorator_list and source.startswith("@"):
+        source = source.split("\n", len(node.decorator_list))[-1]
+    return source
