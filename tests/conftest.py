@@ -169,10 +169,8 @@ def postgres_url():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
-    """A one-commit git repository holding `files`."""
-    import git
-
+def write_tree(path: Path, files: dict[str, str | bytes]) -> Path:
+    """`files` (relative path: content) written under `path`."""
     path.mkdir(parents=True, exist_ok=True)
     for rel, content in files.items():
         target = path / rel
@@ -181,6 +179,14 @@ def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
             target.write_bytes(content)
         else:
             target.write_text(content)
+    return path
+
+
+def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
+    """A one-commit git repository holding `files`."""
+    import git
+
+    write_tree(path, files)
     repo = git.Repo.init(path)
     repo.git.add(A=True)
     repo.index.commit("fixture")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_tree
 
 from miner import sandbox
 from testgen.inputs import RecordedCall, record_file, record_repo_calls, repo_test_files
@@ -252,24 +253,18 @@ def test_what_a_package_init_imports_is_imported_for_its_side_effects(tmp_path):
     `SparseTensor.set_diag = ...`: the recorder never runs `__init__`, so a test calling
     `mat.set_diag(...)` failed before any extension call. The submodules `__init__` imports
     are imported before the tests run, and the call is recorded."""
-    repo = tmp_path / "repo"
-    (repo / "boxlib").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "boxlib" / "__init__.py").write_text(
-        "import framework_that_is_not_installed  # noqa\n"
-        "from .core import Box  # noqa\nfrom .scaling import scale_box  # noqa\n"
-    )
-    (repo / "boxlib" / "core.py").write_text(
-        "class Box:\n    def __init__(self, x):\n        self.x = x\n"
-    )
-    (repo / "boxlib" / "scaling.py").write_text(
-        "from boxlib import _ext\nfrom boxlib.core import Box\n\n\n"
-        "def scale_box(self, factor):\n    return _ext.scale_forward(self.x, factor)\n\n\n"
-        "Box.scale = scale_box\n"
-    )
-    (repo / "tests" / "test_box.py").write_text(
-        "import torch\nfrom boxlib.core import Box\n\n\n"
-        "def test_scale():\n    Box(torch.ones(3)).scale(2.0)\n"
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "boxlib/__init__.py": "import framework_that_is_not_installed  # noqa\n"
+            "from .core import Box  # noqa\nfrom .scaling import scale_box  # noqa\n",
+            "boxlib/core.py": "class Box:\n    def __init__(self, x):\n        self.x = x\n",
+            "boxlib/scaling.py": "from boxlib import _ext\nfrom boxlib.core import Box\n\n\n"
+            "def scale_box(self, factor):\n    return _ext.scale_forward(self.x, factor)\n\n\n"
+            "Box.scale = scale_box\n",
+            "tests/test_box.py": "import torch\nfrom boxlib.core import Box\n\n\n"
+            "def test_scale():\n    Box(torch.ones(3)).scale(2.0)\n",
+        },
     )
     calls = record_repo_calls(repo, tmp_path / "cache")
     assert [(c.args[0].tolist(), c.args[1]) for c in calls["scale_forward"]] == [([1.0] * 3, 2.0)]
@@ -281,27 +276,22 @@ def test_the_calls_a_package_init_makes_run_before_the_tests(tmp_path):
     the convolution failed on a missing attribute before reaching the extension. The top-level
     calls of `__init__` now run (names resolved through the package), and the call is
     recorded with the value `init()` set."""
-    repo = tmp_path / "repo"
-    (repo / "sparselib").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "sparselib" / "__init__.py").write_text(
-        "import sparselib.backends as backends\nfrom .ops import reserve  # noqa\n\n"
-        "backends.init()\n"
-    )
-    (repo / "sparselib" / "backends.py").write_text(
-        "import torch\n\n\ndef init():\n    global ratio\n"
-        "    capability = torch.cuda.get_device_capability()\n"
-        "    ratio = 2 if capability[0] >= 8 else 1\n"
-    )
-    (repo / "sparselib" / "ops.py").write_text(
-        "import sparselib\nimport sparselib.backend\n\n\n"
-        "def reserve(coords):\n"
-        "    size = int(sparselib.backends.ratio * coords.shape[0])\n"
-        "    return sparselib.backend.reserve_forward(coords, size)\n"
-    )
-    (repo / "tests" / "test_reserve.py").write_text(
-        "import torch\nfrom sparselib import reserve\n\n\n"
-        "def test_reserve():\n    reserve(torch.zeros(5, 4, dtype=torch.int32, device='cuda'))\n"
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "sparselib/__init__.py": "import sparselib.backends as backends\n"
+            "from .ops import reserve  # noqa\n\nbackends.init()\n",
+            "sparselib/backends.py": "import torch\n\n\ndef init():\n    global ratio\n"
+            "    capability = torch.cuda.get_device_capability()\n"
+            "    ratio = 2 if capability[0] >= 8 else 1\n",
+            "sparselib/ops.py": "import sparselib\nimport sparselib.backend\n\n\n"
+            "def reserve(coords):\n"
+            "    size = int(sparselib.backends.ratio * coords.shape[0])\n"
+            "    return sparselib.backend.reserve_forward(coords, size)\n",
+            "tests/test_reserve.py": "import torch\nfrom sparselib import reserve\n\n\n"
+            "def test_reserve():\n"
+            "    reserve(torch.zeros(5, 4, dtype=torch.int32, device='cuda'))\n",
+        },
     )
     calls = record_repo_calls(repo, tmp_path / "cache")
     assert [c.args[1] for c in calls["reserve_forward"]] == [10]

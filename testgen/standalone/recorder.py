@@ -259,17 +259,25 @@ class _Package(types.ModuleType):
         finders = [f for f in sys.meta_path if isinstance(f, _Finder)]
         return any(f"{self.__name__}.{attr}" in f.extensions for f in finders)
 
+    def _init_tree(self) -> ast.Module:
+        """Its `__init__`, parsed once (an empty module when it cannot be read)."""
+        tree = self.__dict__.get("_kminer_tree")
+        if tree is None:
+            try:
+                with open(self.__file__, encoding="utf-8", errors="replace") as f:
+                    tree = ast.parse(f.read())
+            except (OSError, SyntaxError, ValueError):
+                tree = ast.Module(body=[], type_ignores=[])
+            self.__dict__["_kminer_tree"] = tree
+        return tree
+
     def _exports(self):
         cached = self.__dict__.get("_kminer_exports")
         if cached is not None:
             return cached
         exports: dict = {}
         stars: list = []
-        try:
-            with open(self.__file__, encoding="utf-8", errors="replace") as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError, ValueError):
-            tree = ast.Module(body=[], type_ignores=[])
+        tree = self._init_tree()
         prefix = self.__name__ + "."
         constants = {}
         for node in tree.body:  # plain values its __init__ sets (counters, flags, versions)
@@ -323,12 +331,7 @@ def _run_init_calls(package: _Package) -> None:
     which sets the globals its convolution reads), each run best effort with the names it uses
     resolved through the package: without them every call of its ops fails before reaching
     the extension."""
-    try:
-        with open(package.__file__, encoding="utf-8", errors="replace") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return
-    for node in tree.body:
+    for node in package._init_tree().body:
         if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
             continue
         namespace: dict = {}
