@@ -19,7 +19,7 @@ from testgen.carry import bind_call, carry_down
 from testgen.index_rows import index_subsets
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable
-from testgen.resize import conv_resize, more_rows, row_subsets
+from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
@@ -367,6 +367,21 @@ def mode_crosses(
     return out[:MAX_MODE_CROSSES]
 
 
+def _row_evidence(base: list[BaseCall]) -> list:
+    """Per base call, what the calls of its layout say about which sizes are its row count
+    (testgen.resize.row_evidence)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, b in enumerate(base):
+        kinds = tuple(a.dim() if hasattr(a, "dim") else type(a).__name__ for a in b.args)
+        groups.setdefault(kinds, []).append(i)
+    out = [None] * len(base)
+    for members in groups.values():
+        found = row_evidence([base[i].args for i in members])
+        for i in members:
+            out[i] = found
+    return out
+
+
 def plan(
     base: list[BaseCall],
     dtypes: list[str],
@@ -394,8 +409,9 @@ def plan(
             shapes.add(shape_key(b.args))
             out.base.append(b)
             add(f"binding_{k}_of_{b.rows_of}", len(out.base) - 1)
+    evidence = _row_evidence(base)
     for i, b in enumerate(base):
-        cuts = row_subsets(b.args, names) + segment_subsets(b.args)
+        cuts = row_subsets(b.args, names, evidence[i]) + segment_subsets(b.args)
         for m, args in cuts or index_subsets(b.args, names):
             if shape_key(args) in shapes or len(out.base) - len(base) >= MAX_ROW_CALLS:
                 continue
@@ -403,7 +419,7 @@ def plan(
             out.base.append(BaseCall(args, b.origin, rows_of=i, rows=m))
             add(f"rows{m}_of_{i}", len(out.base) - 1)
     largest = max(range(len(base)), key=lambda i: _size(base[i].args))
-    more = [more_rows(base[largest].args, names, MAX_ELEMENTS // 2)]
+    more = [more_rows(base[largest].args, names, MAX_ELEMENTS // 2, evidence[largest])]
     if more[0] is None:  # segments of a CSR pointer; two sizes where there is nothing to vary
         more = [more_segments(base[largest].args, MAX_ELEMENTS // 2)]
         if more[0] is not None and _first_float(base[0].args) is None:

@@ -166,9 +166,11 @@ def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | No
 
 def _snapshot_key(repo: Path, wanted: set[str] | None) -> str:
     """What decides the build: the repository's setup.py files and C/C++ sources and headers,
-    the ops at hand, this code and the torch it builds against."""
+    the ops at hand, this code (and the script reading setup.py) and the torch it builds
+    against."""
     h = hashlib.sha256(json.dumps(sorted(wanted) if wanted is not None else None).encode())
-    h.update(Path(__file__).read_bytes() + toolchain.torch_version().encode())
+    h.update(Path(__file__).read_bytes() + Path(SETUPCAPTURE).read_bytes())
+    h.update(toolchain.torch_version().encode())
     for path in sorted(repo.rglob("*")):
         kept = path.suffix in (*CXX_SOURCES, ".h", ".hpp", ".hh", ".cuh", ".inl")
         if (kept or path.name == "setup.py") and path.is_file() and ".git" not in path.parts:

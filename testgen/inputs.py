@@ -88,21 +88,27 @@ def repo_test_files(repo: Path) -> list[Path]:
 
 
 EXAMPLE_DIRS = {"examples", "example", "demo", "demos", "benchmarks", "benchmark", "samples"}
+# a script named as a check, a benchmark or a demo wherever it lies (Pytorch-Correlation-
+# extension's top-level check.py compares the CPU and CUDA ops; grad_check.py, benchmark.py)
+EXAMPLE_NAME = re.compile(
+    r"^(?:\w+_)?(?:check|checks|bench|benchmark|benchmarks|demo|example|sanity)(?:_\w+)?\.py$"
+)
 MAX_EXAMPLES = 12  # example scripts recorded per run at most (each may cost the whole budget)
 
 
 def repo_example_files(repo: Path, tests: list[Path] | None = None) -> list[Path]:
     """The repository's example and benchmark scripts (a folder named examples/, demo/,
-    benchmarks/...): the second source of inputs, for ops its tests never call (SparseConvNet
-    has no tests, only `examples/hello-world.py`). Test files (`tests`, found when not given)
-    are not among them."""
+    benchmarks/..., or a file named so): the second source of inputs, for ops its tests never
+    call (SparseConvNet has no tests, only `examples/hello-world.py`). Test files (`tests`,
+    found when not given) are not among them."""
     tests = set(repo_test_files(repo) if tests is None else tests)
     found = set()
     for p in repo.rglob("*.py"):
         rel = p.relative_to(repo).parts
         folders = {d.lower() for d in rel[:-1]}
         ordinary = p.name != "__init__.py" and not p.name.startswith("setup") and p not in tests
-        if p.is_file() and ".git" not in rel and EXAMPLE_DIRS & folders and ordinary:
+        named = EXAMPLE_DIRS & folders or EXAMPLE_NAME.match(p.name)
+        if p.is_file() and ".git" not in rel and named and ordinary:
             found.add(p)
     return sorted(found, key=lambda p: (len(p.parts), p.as_posix()))
 

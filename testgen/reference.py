@@ -81,6 +81,7 @@ class Located:
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
     via: str  # the function whose arguments the CPU function takes (device_fn, op function)
     template_args: str = ""  # the call site's explicit ones (`cpu_BatchNorm<float>(...)`)
+    pointer_adapter: str = ""  # the label's adapter over a pointer launcher (pointer_adapter)
 
 
 class RepoRefs:
@@ -202,11 +203,47 @@ class RepoRefs:
         return out
 
 
-def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
+def pointer_adapter(cand: Candidate, refs: RepoRefs, label_text: str) -> tuple | str | None:
+    """(the launcher's definition, the adapter's signature, its text) when the label's exposed
+    function is kminer's adapter over a launcher that takes device pointers (wrappers.adapter):
+    the repository's code starts at the launcher, whose parameters the adapter keeps by name.
+    None when the label exposes no adapter; a reason when its parameters are not the
+    launcher's (an object built from its constructor's arguments)."""
+    exposed, launcher = (cand.wrapper.functions or [""])[0], cand.wrapper.launcher
+    if not (exposed and launcher and label_text) or exposed in refs.defs:
+        return None
+    item = refs.definition(launcher)
+    code = blank_comments_and_strings(label_text)
+    at = re.search(rf"^[^\n;{{}}]*\b{re.escape(exposed)}\s*\(", code, re.MULTILINE)
+    sig = parse_signature(code[at.start() :], exposed) if at else None
+    l_sig = refs.signature(item) if item else None
+    if sig is None or l_sig is None:
+        return None
+    if [n for _, n in sig.params] != [n for _, n in l_sig.params]:
+        return f"{exposed} builds objects {launcher} takes: no reference takes its arguments"
+    end = _matching_brace(label_text, label_text.index("{", at.end()))
+    return item, sig, label_text[at.start() : end + 1]
+
+
+def _matching_brace(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return len(text) - 1
+
+
+def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | str:
     """The CPU function for the candidate's op and how to call it, or why there is none."""
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     e_item = refs.definition(exposed) if exposed else None
     sig = refs.index.signature(e_item) if e_item else None  # a template: at the label's args
+    adapted = pointer_adapter(cand, refs, label_text) if sig is None else None
+    if isinstance(adapted, str):
+        return adapted
+    if adapted:
+        e_item, sig, adapter_text = adapted
     if sig is None:
         return f"no label function to match: {exposed or 'no wrapper'} has no definition"
     params = [n for _, n in sig.params]
@@ -234,6 +271,11 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
         if isinstance(mapped, str):
             reasons.append(mapped)
             return None
+        if adapted:  # the twin takes the launcher's pointers as they are, or no reference
+            if mapped != params or refs.params_of(cpu) != params:
+                reasons.append(f"{cpu} takes other arguments than {cand.wrapper.launcher}")
+                return None
+            return Located(mechanism, item, sig, mapped, bridge.names[0], "", adapter_text)
         plain = specialized(sig) if sig.template else sig
         if plain is None:
             reasons.append(f"{cpu} found, but {exposed} is a function template: no adapter")
@@ -257,11 +299,13 @@ def locate(cand: Candidate, refs: RepoRefs) -> Located | str:
     for path in paths:  # 2. an op function (the exposed one too) calling a CPU function itself
         caller = path[-1]
         on_path = {p.names[0] for p in path}
+        callee = path[-2].names[0] if len(path) > 1 else ""
+        other_branch = _other_device_branch(refs.body(caller), callee, refs.defs)
         for ref in sorted(caller.refs):
-            if ref in on_path or not _CPU_WORD.search(ref):
+            if ref in on_path or not (_CPU_WORD.search(ref) or ref in other_branch):
                 continue
             same = _STEM.sub("", ref).strip("_") == _STEM.sub("", caller.names[0]).strip("_")
-            if _twin_of(ref, on_path) or same:
+            if _twin_of(ref, on_path) or same or ref in other_branch:
                 found = attempt("direct", ref, path, call_args(refs.body(caller), ref))
                 if found:
                     explicit = re.search(
@@ -301,6 +345,24 @@ def _only_raises(definition: str) -> bool:
     inner = body[body.find("{") + 1 : body.rfind("}")]
     statements = [st.strip() for st in inner.split(";") if st.strip()]
     return bool(statements) and all(_RAISES.match(st) for st in statements)
+
+
+_DEVICE_TEST = re.compile(
+    r"\.is_cuda\s*\(\s*\)|\bis_cuda\b|\.device\s*\(\s*\)\s*\.\s*type\s*\(\s*\)\s*==\s*"
+    r"(?:(?:at|torch|c10)::)?(?:kCUDA|DeviceType::CUDA)\b"
+)
+
+
+def _other_device_branch(body: str, callee: str, defined: dict) -> set[str]:
+    """Functions the op function calls with `callee`'s very arguments when it also asks whether
+    a tensor is on the GPU (`if (x.device().is_cuda()) return f_cuda(a, b); else return
+    f_cpp(a, b);`): the CPU side of the op, whatever its name says."""
+    text = blank_comments_and_strings(body)
+    mine = call_args(body, callee) if callee else None
+    if mine is None or not _DEVICE_TEST.search(text):
+        return set()
+    named = set(re.findall(r"\b([A-Za-z_]\w*)\s*(?:<[^<>;()]*>)?\s*\(", text))
+    return {n for n in named - {callee} if n in defined and call_args(body, n) == mine}
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
@@ -364,14 +426,17 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
-    code, target = adapter(
-        loc.exposed,
-        called,
-        loc.args,
-        refs.index.enums,
-        refs.signature(loc.cpu) if overloads == 1 else None,
-        f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
-    )
+    if loc.pointer_adapter:
+        code, target = _pointer_reference(loc, cand.wrapper.launcher, cpu)
+    else:
+        code, target = adapter(
+            loc.exposed,
+            called,
+            loc.args,
+            refs.index.enums,
+            refs.signature(loc.cpu) if overloads == 1 else None,
+            f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
+        )
     vendored = refs.vendored_headers(loc.cpu.file, body)
     body = (
         "".join(
@@ -399,13 +464,27 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     )
 
 
+def _pointer_reference(loc: Located, launcher: str, cpu: str) -> tuple[str, str]:
+    """The label's own adapter, calling the CPU twin where it called the launcher: the twin
+    takes the same pointers and numbers, so the dtype dispatch and the casts are the label's."""
+    body = loc.pointer_adapter.replace(loc.exposed.name, "reference", 1)
+    body = re.sub(rf"(?<![\w:]){re.escape(launcher)}(?=\s*[<(])", cpu, body)
+    code = (
+        f"// kminer: {cpu} takes the pointers {launcher} takes; the label's adapter calls it\n"
+        f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"
+    )
+    return code, "&kminer_ref::reference"
+
+
 def find_reference(
     cand: Candidate, repo_root: Path, workdir: Path, refs: RepoRefs | None = None
 ) -> Reference | str:
     """Write `references/<id>.cpp` under `workdir` and describe it, or say why there is none.
     Pass `refs` (one per repository) when calling for many candidates."""
     refs = refs or RepoRefs(discover(repo_root))
-    loc = locate(cand, refs)
+    label = workdir / cand.wrapper.label_path if cand.wrapper.label_path else None
+    label_text = label.read_text("utf-8", errors="replace") if label and label.is_file() else ""
+    loc = locate(cand, refs, label_text)
     if isinstance(loc, str):
         return loc
     text = render(cand, loc, refs)

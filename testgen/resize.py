@@ -21,6 +21,12 @@ and nothing else changes. Where that may not hold the call gets no smaller shape
 A permutation of the rows (NMS's descending `order`) keeps the entries below the new count, in
 order, so it stays the sort of the rows kept; a tensor that is another one gathered by it
 (`dets_sorted` == `dets[order]`) keeps the matching rows.
+
+Tiny recorded inputs make the count collide with other sizes by chance (pytorch_spline_conv's
+weighting test: 2 edges of 2 channels, then 4 edges with 4 basis functions and 4 outputs). Where
+the op was recorded at two or more counts, the calls themselves say which sizes are the count:
+a size that equals it in every call moves with it, and one that differs from it in some call
+does not (`row_evidence`); a size that is the count only by chance no longer stops the resize.
 """
 
 from __future__ import annotations
@@ -70,18 +76,63 @@ class _Rows:
     gathered: set[int]
 
 
-def _analyse(args: list, names: list[str]) -> _Rows | None:
+def _data(args: list):
+    return next((a for a in args if _is_tensor(a) and a.is_floating_point()), None)
+
+
+def _sizes(args: list) -> dict[tuple[int, int], int]:
+    """Every size of the call: (argument, dimension) -> value; an integer argument is dimension
+    -1."""
+    out = {}
+    for i, a in enumerate(args):
+        if _is_tensor(a):
+            out |= {(i, k): int(v) for k, v in enumerate(a.shape)}
+        elif isinstance(a, int) and not isinstance(a, bool):
+            out[(i, -1)] = a
+    return out
+
+
+Evidence = frozenset  # of (argument, dimension): the sizes that move with the row count
+
+
+def row_evidence(calls: list[list]) -> Evidence | None:
+    """The sizes that are the row count in every one of `calls` of one layout, when they were
+    recorded at two counts or more; None when the calls cannot tell."""
+    layouts = {tuple((i, k) for i, k in _sizes(c)) for c in calls}
+    datas = [_data(c) for c in calls]
+    if len(layouts) != 1 or any(d is None or d.dim() == 0 for d in datas):
+        return None
+    counts = [int(d.shape[0]) for d in datas]
+    if len(set(counts)) < 2:
+        return None
+    sized = [_sizes(c) for c in calls]
+    return frozenset(
+        p for p in sized[0] if all(s[p] == n for s, n in zip(sized, counts, strict=True))
+    )
+
+
+def _chance(evidence: Evidence | None, i: int, k: int) -> bool:
+    """Whether the size at (i, k) equals the count only by chance (another call says so)."""
+    return evidence is not None and (i, k) not in evidence
+
+
+def _analyse(args: list, names: list[str], evidence: Evidence | None = None) -> _Rows | None:
     """The rows of the call, or None when changing their number may not give a valid call."""
-    data = next((a for a in args if _is_tensor(a) and a.is_floating_point()), None)
+    data = _data(args)
     if data is None or data.dim() == 0 or data.shape[0] < 2:
         return None
     n = int(data.shape[0])
-    rows = [i for i, a in enumerate(args) if _is_tensor(a) and a.dim() and a.shape[0] == n]
+    rows = [
+        i
+        for i, a in enumerate(args)
+        if _is_tensor(a) and a.dim() and a.shape[0] == n and not _chance(evidence, i, 0)
+    ]
     counts = []
     for i, a in enumerate(args):
         if _is_tensor(a):
             box_list = i in rows and a.dim() == 2 and 4 <= a.shape[1] <= 9
-            if n in tuple(a.shape)[1:] and not box_list:
+            at = [k for k, v in enumerate(a.shape) if v == n and (k or i not in rows)]
+            if any(not _chance(evidence, i, k) for k in at) and not box_list:
                 return None
             if i in rows or not a.numel():
                 continue
@@ -91,6 +142,8 @@ def _analyse(args: list, names: list[str]) -> _Rows | None:
             elif _is_int(a) and int(a.min()) >= 0 and int(a.max()) <= n:
                 return None
         elif isinstance(a, int) and not isinstance(a, bool) and a == n:
+            if _chance(evidence, i, -1):
+                continue
             if COUNT_NAME.match(names[i]):
                 counts.append(i)
             elif not OTHER_NAME.search(names[i]):
@@ -117,11 +170,13 @@ def _analyse(args: list, names: list[str]) -> _Rows | None:
     return _Rows(n, rows, counts, perms[0] if perms else None, gathered)
 
 
-def row_subsets(args: list, names: list[str] | None = None) -> list[tuple[int, list]]:
+def row_subsets(
+    args: list, names: list[str] | None = None, evidence: Evidence | None = None
+) -> list[tuple[int, list]]:
     """(m, the call's arguments over the first m rows) for each count of `row_counts`, or []
     when shrinking the rows may not give a valid call."""
     names = list(names or []) + [""] * (len(args) - len(names or []))
-    r = _analyse(args, names)
+    r = _analyse(args, names, evidence)
     if r is None:
         return []
     perm = args[r.perm] if r.perm is not None else None
@@ -153,7 +208,12 @@ def _sort_of(perm, args: list, rows: list[int]):
     return None
 
 
-def more_rows(args: list, names: list[str] | None = None, max_elements: int = 1 << 19):
+def more_rows(
+    args: list,
+    names: list[str] | None = None,
+    max_elements: int = 1 << 19,
+    evidence: Evidence | None = None,
+):
     """(m, the call over m > n rows drawn from its own rows with a little noise), or None.
 
     The larger random case: each new row is a recorded row picked at random, its floating
@@ -163,7 +223,7 @@ def more_rows(args: list, names: list[str] | None = None, max_elements: int = 1 
     odd and above two blocks of 64, so the last block is partial. A sort order of the rows is
     taken again over the new values, or there are none."""
     names = list(names or []) + [""] * (len(args) - len(names or []))
-    r = _analyse(args, names)
+    r = _analyse(args, names, evidence)
     if r is None:
         return None
     per_row = sum(args[i].numel() // r.n for i in r.rows)

@@ -140,3 +140,29 @@ def test_a_cuda_named_op_runs_its_cpu_twin_the_cpu_build_binds(tmp_path):
     assert set(modules) == {"mini_ext"}
     calls = record_repo_calls(repo, tmp_path / "recorded", built=modules)["double_cuda"]
     assert [c.args[0].tolist() for c in calls] == [[0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0]]
+
+
+def test_what_setup_py_writes_into_the_repository_is_skipped(tmp_path):
+    """detectron2's setup.py links its configs into its package before it calls `setup()`; in
+    the read-only sandbox that raised, and no extension was described (no CPU twin, no
+    recorded backward). The refused writes are skipped and the description goes on."""
+    from conftest import write_tree
+
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "setup.py": "import os, shutil\nfrom setuptools import setup\n"
+            "from torch.utils.cpp_extension import CppExtension\n"
+            "here = os.path.dirname(os.path.realpath(__file__))\n"
+            "os.makedirs(os.path.join(here, 'pkg', 'made'), exist_ok=True)\n"
+            "os.symlink(os.path.join(here, 'configs'), os.path.join(here, 'pkg', 'configs'))\n"
+            "shutil.copy(os.path.join(here, 'setup.py'), os.path.join(here, 'pkg', 'x.py'))\n"
+            "setup(name='pkg', ext_modules=[CppExtension('pkg._C', ['pkg/op.cpp'])])\n",
+            "pkg/__init__.py": "",
+            "pkg/op.cpp": "// op\n",
+            "configs/a.yaml": "a: 1\n",
+        },
+    )
+    (ext,) = capture(repo)
+    assert (ext.name, ext.sources) == ("pkg._C", ("pkg/op.cpp",))
+    assert not (repo / "pkg" / "configs").exists() and not (repo / "pkg" / "made").exists()

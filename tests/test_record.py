@@ -295,3 +295,39 @@ def test_the_calls_a_package_init_makes_run_before_the_tests(tmp_path):
     )
     calls = record_repo_calls(repo, tmp_path / "cache")
     assert [c.args[1] for c in calls["reserve_forward"]] == [10]
+
+
+def test_a_check_script_beside_a_package_in_a_source_folder_records(tmp_path):
+    """Pytorch-Correlation-extension keeps its package in `Correlation_Module/` (setup.py's
+    `package_dir`), binds a top-level extension, and has no tests: only a top-level `check.py`
+    whose parser requires `direction` in {forward, backward}. The package is found in its
+    folder, the script counts as an example by its name, and its command line is the
+    positional argument's choices: both directions run and record."""
+    from testgen.inputs import repo_example_files
+
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "setup.py": "from setuptools import setup\nfrom torch.utils.cpp_extension import "
+            "CppExtension\nsetup(name='corr', ext_modules=[CppExtension('corr_backend', "
+            "['Module/corr.cpp'])], package_dir={'': 'Module'}, packages=['corrlib'])\n",
+            "Module/corr.cpp": "// the op\n",
+            "Module/corrlib/__init__.py": "from .ops import correlate  # noqa\n",
+            "Module/corrlib/ops.py": "import corr_backend\n\n\ndef correlate(a, b, back=False):\n"
+            "    if back:\n        return corr_backend.backward(a, b)\n"
+            "    return corr_backend.forward(a, b)\n",
+            "check.py": "import argparse\nimport torch\nfrom corrlib import correlate\n\n"
+            "parser = argparse.ArgumentParser()\n"
+            "parser.add_argument('direction', choices=['forward', 'backward'], nargs='+')\n"
+            "parser.add_argument('-c', '--channels', type=int, default=3)\n\n\n"
+            "def main():\n    args = parser.parse_args()\n"
+            "    x = torch.ones(1, args.channels, 4, 4)\n"
+            "    for d in args.direction:\n        correlate(x, x, back=d == 'backward')\n\n\n"
+            "if __name__ == '__main__':\n    main()\n",
+            "tools/helpers.py": "X = 1\n",
+        },
+    )
+    assert [p.name for p in repo_example_files(repo)] == ["check.py"]
+    calls = record_repo_calls(repo, tmp_path / "cache", {"forward", "backward"})
+    assert [c.args[0].shape for c in calls["forward"]] == [(1, 3, 4, 4)]
+    assert [c.test_file for c in calls["backward"]] == ["check.py"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES, kernel
 
-from miner.candidate import Provenance, Reference
+from miner.candidate import Candidate, Kernel, Provenance, Reference
 from miner.discover import discover
 from miner.repo_model import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
@@ -319,3 +319,121 @@ def test_a_header_only_library_the_repository_ships_travels_whole(tmp_path):
     text = shipped[0][1]
     assert "namespace tinyflann {" in text and '#include "config.h"' not in text
     assert refs.vendored_headers("csrc/cpu/near_cpu.cpp", "return x;") == []
+
+
+def test_a_pointer_launchers_twin_is_called_through_the_labels_own_adapter(tmp_path):
+    """A launcher that takes device pointers is exposed by kminer's adapter (wrappers.adapter),
+    which the repository never defines: its CPU twin, taking the same pointers and numbers, is
+    the reference, called through the same dtype dispatch. A twin that takes other arguments
+    is a reason, and so is an adapter that builds objects."""
+    import torch
+    from torch.utils.cpp_extension import load
+
+    repo, work = tmp_path / "repo", tmp_path / "work"  # the workdir, outside the repository
+
+    from wrappers.adapter import adapt
+
+    (repo / "csrc" / "cuda").mkdir(parents=True)
+    (repo / "csrc" / "cpu").mkdir(parents=True)
+    launcher = (
+        "template <typename T>\nvoid axpy_cuda(T *out, const T *x, T alpha, int n) {\n"
+        "  axpy_kernel<T><<<(n + 255) / 256, 256>>>(out, x, alpha, n);\n}\n"
+    )
+    (repo / "csrc" / "cuda" / "axpy_cuda.cu").write_text(
+        "template <typename T>\n__global__ void axpy_kernel(T *out, const T *x, T alpha, int n) {\n"
+        "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "  if (i < n) out[i] += alpha * x[i];\n}\n" + launcher
+    )
+    (repo / "csrc" / "cpu" / "axpy_cpu.cpp").write_text(
+        "template <typename T>\nvoid axpy_cpu(T *out, const T *x, T alpha, int n) {\n"
+        "  for (int i = 0; i < n; ++i) out[i] += alpha * x[i];\n}\n"
+        "template <typename T>\nvoid scale_cpu(T *out, T alpha, int n) {\n"
+        "  for (int i = 0; i < n; ++i) out[i] *= alpha;\n}\n"
+    )
+    sig, code = adapt(parse_signature(launcher, "axpy_cuda"), launcher)
+    work.mkdir()
+    (work / "label.cu").write_text(f"// a label\n{launcher}\n{code}\n")
+    kern = Kernel(
+        name="axpy_kernel",
+        file="csrc/cuda/axpy_cuda.cu",
+        line=2,
+        start_line=2,
+        end_line=5,
+        source="",
+    )
+    prov = Provenance(repo_url="https://x/axpy", commit="a" * 40)
+    cand = Candidate(id="c" * 16, kernel=kern, provenance=prov)
+    cand.wrapper.launcher, cand.wrapper.functions = "axpy_cuda", [sig.name]
+    cand.wrapper.label_path = "label.cu"
+    refs = RepoRefs(discover(repo))
+    ref = find_reference(cand, repo, work, refs)
+    assert isinstance(ref, Reference), ref
+    assert (ref.function, ref.file) == ("axpy_cpu", "csrc/cpu/axpy_cpu.cpp")
+    assert locate(cand, refs) == f"no label function to match: {sig.name} has no definition"
+    (tmp_path / "build").mkdir()
+    mod = load(
+        name="kminer_ref_axpy",
+        sources=[str(work / ref.path)],
+        build_directory=str(tmp_path / "build"),
+        extra_cflags=["-w"],
+    )
+    for dtype in (torch.float32, torch.float64):
+        out, x = torch.ones(300, dtype=dtype), torch.linspace(-2, 3, 300, dtype=dtype)
+        mod.reference(out, x, 0.5, 300)
+        torch.testing.assert_close(out, 1 + 0.5 * x)
+    # a twin over other arguments is named, not called
+    text = (repo / "csrc" / "cpu" / "axpy_cpu.cpp").read_text()
+    (repo / "csrc" / "cpu" / "axpy_cpu.cpp").write_text(text.replace("axpy_cpu", "axpy_old"))
+    (repo / "csrc" / "cpu" / "scale_cpu.cpp").write_text(
+        "template <typename T>\nvoid axpy_cpu(T *out, const T *x, T alpha) {}\n"
+    )
+    why = locate(cand, RepoRefs(discover(repo)), (work / "label.cu").read_text())
+    assert why == "twin axpy_cpu takes 3 arguments, axpy_cuda 4"
+
+
+def test_the_other_branch_of_a_device_test_is_the_cpu_side_whatever_its_name(tmp_path):
+    """Pytorch-Correlation-extension's op function asks `input1.device().is_cuda()` and calls
+    `correlation_cuda_forward(...)` or `correlation_cpp_forward(...)` with the same arguments:
+    the second is the CPU implementation though no name says `cpu`. A function called with
+    other arguments, or without a device test, is not taken."""
+    from testgen.reference import _other_device_branch
+
+    op = (
+        "torch::Tensor corr_forward(torch::Tensor a, torch::Tensor b, int k) {\n"
+        "  if (a.device().is_cuda()) {\n    return corr_cuda_forward(a, b, k);\n"
+        "  } else {\n    log_call(a);\n    return corr_cpp_forward(a, b, k);\n  }\n}\n"
+    )
+    defined = {"corr_cpp_forward": [], "log_call": [], "corr_cuda_forward": []}
+    assert _other_device_branch(op, "corr_cuda_forward", defined) == {"corr_cpp_forward"}
+    plain = op.replace("a.device().is_cuda()", "k > 0")
+    assert _other_device_branch(plain, "corr_cuda_forward", defined) == set()
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "corr_kernel.cu").write_text(
+        "__global__ void corr_kernel(float *out, const float *a, int n) {\n"
+        "  int i = threadIdx.x;\n  if (i < n) out[i] = a[i] * 2.f;\n}\n"
+        "torch::Tensor corr_cuda_forward(torch::Tensor a, torch::Tensor b, int k) {\n"
+        "  auto out = torch::zeros_like(a);\n"
+        "  corr_kernel<<<1, 256>>>(out.data_ptr<float>(), a.data_ptr<float>(), a.numel());\n"
+        "  return out;\n}\n"
+    )
+    (repo / "src" / "corr.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "torch::Tensor corr_cpp_forward(torch::Tensor a, torch::Tensor b, int k) {\n"
+        "  return a * 2;\n}\n"
+    )
+    (repo / "src" / "bind.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "torch::Tensor corr_cuda_forward(torch::Tensor a, torch::Tensor b, int k);\n"
+        "torch::Tensor corr_cpp_forward(torch::Tensor a, torch::Tensor b, int k);\n"
+        + op
+        + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &corr_forward); }\n'
+    )
+    kern = Kernel(name="corr_kernel", file="src/corr_kernel.cu", line=1, start_line=1,
+                  end_line=4, source="")  # fmt: skip
+    cand = Candidate(id="d" * 16, kernel=kern, provenance=Provenance(repo_url="x", commit="a" * 40))
+    cand.wrapper.launcher, cand.wrapper.functions = "corr_cuda_forward", ["corr_cuda_forward"]
+    found = locate(cand, RepoRefs(discover(repo)))
+    assert (found.mechanism, found.cpu.names[0], found.args) == (
+        "direct", "corr_cpp_forward", ["a", "b", "k"]
+    )  # fmt: skip

@@ -6,7 +6,7 @@ import torch
 
 from testgen.cases import BaseCall, plan, shape_key
 from testgen.index_rows import index_subsets
-from testgen.resize import more_rows, row_subsets
+from testgen.resize import more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
 
 
@@ -237,3 +237,26 @@ def test_index_calls_whose_values_are_structure_get_no_cuts():
     assert index_subsets([ind, torch.zeros(3, 5)]) == []  # floating data: testgen.resize's
     assert index_subsets([ind, torch.zeros(5, dtype=torch.long), 7]) != []
     assert index_subsets([ind, torch.zeros(2, 5, dtype=torch.long), 7]) == []  # 5 elsewhere
+
+
+def test_counts_that_collide_by_chance_are_told_apart_by_the_other_calls():
+    """Two edges of two channels, then four edges of four basis functions: alone, each call's
+    count is also another size; together they say which sizes move with it."""
+    c0 = [torch.rand(2, 2), torch.rand(4, 2, 1), torch.rand(2, 4), torch.randint(0, 4, (2, 4))]
+    c1 = [torch.rand(4, 2), torch.rand(25, 2, 4), torch.rand(4, 4), torch.randint(0, 25, (4, 4))]
+    names = ["x", "weight", "basis", "weight_index"]
+    evidence = row_evidence([c0, c1])
+    assert evidence == {(0, 0), (2, 0), (3, 0)}
+    assert row_subsets(c1, names) == [] and more_rows(c1, names) is None
+    subsets = dict(row_subsets(c1, names, evidence))
+    assert sorted(subsets) == [1, 3]
+    x, w, b, wi = subsets[3]
+    assert (x.shape, b.shape, wi.shape) == ((3, 2), (3, 4), (3, 4)) and w.equal(c1[1])
+    m, (x, w, b, wi) = more_rows(c1, names, evidence=evidence)
+    assert x.shape[0] == b.shape[0] == wi.shape[0] == m > 4 and w.shape == (25, 2, 4)
+    # one count only, or calls of different layouts: no evidence
+    assert row_evidence([c0, [a.clone() for a in c0]]) is None
+    assert row_evidence([c0, c1[:3]]) is None
+    # a size that moves with the count at a second dimension still stops the resize
+    sq0, sq1 = [torch.rand(2, 2)], [torch.rand(3, 3)]
+    assert row_subsets(sq1, ["a"], row_evidence([sq0, sq1])) == []

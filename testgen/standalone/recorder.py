@@ -373,6 +373,29 @@ def _guarded(filename: str, line: int) -> bool:
     return any(start <= line <= end for start, end in _guarded_lines(filename))
 
 
+def _package_roots(repo: str) -> dict[str, str]:
+    """The repository's top-level packages and the folder each lies in: its root, else a
+    folder one level down that is no package itself (`src/pkg`, or setup.py's `package_dir=
+    {'': 'Correlation_Module'}`), which an installed copy would have put on the path."""
+
+    def packages(folder: str) -> list[str]:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return []
+        return [d for d in names if os.path.isfile(os.path.join(folder, d, "__init__.py"))]
+
+    roots = dict.fromkeys(packages(repo), repo)
+    for sub in sorted(os.listdir(repo)):
+        folder = os.path.join(repo, sub)
+        if sub.startswith((".", "test", "doc")) or not os.path.isdir(folder) or sub in roots:
+            continue  # (a test folder's packages are its tests' own)
+        for name in packages(folder):
+            if not name.startswith("test"):
+                roots.setdefault(name, folder)
+    return roots
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Top-level packages of the repository load from its source without running their
     `__init__` (which pulls in the whole framework); a module of the repository with no source
@@ -383,11 +406,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.repo = os.path.realpath(repo)
         self.log = log
         self.built = dict(built or {})  # import name → the module built for the CPU
-        self.packages = {
-            d
-            for d in os.listdir(self.repo)
-            if os.path.isfile(os.path.join(self.repo, d, "__init__.py"))
-        }
+        self.roots = _package_roots(self.repo)  # package name → the folder it lies in
+        self.packages = set(self.roots)
         # compiled modules its setup.py builds; namespaces its C++ registers operators in
         self.extensions, self.namespaces = _compiled_names(self.repo)
         self.extensions |= set(self.built)
@@ -396,7 +416,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         top = fullname.split(".")[0]
         if top in self.packages:
             parts = fullname.split(".")
-            base = os.path.join(self.repo, *parts)
+            base = os.path.join(self.roots[top], *parts)
             if len(parts) == 1:
                 return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
             if fullname in self.extensions:  # `torchsparse.backend`, beside its C++ folder
@@ -467,8 +487,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         parts = spec.name.split(".")
         if len(parts) == 1 and parts[0] in self.packages:
             module = _Package(spec.name)
-            module.__path__ = [os.path.join(self.repo, parts[0])]
-            module.__file__ = os.path.join(self.repo, parts[0], "__init__.py")
+            module.__path__ = [os.path.join(self.roots[parts[0]], parts[0])]
+            module.__file__ = os.path.join(self.roots[parts[0]], parts[0], "__init__.py")
             return module
         if parts[0] in self.packages or spec.name in self.extensions:
             path = self.built.get(spec.name)
@@ -700,12 +720,39 @@ def _run_script(path: str, tree: ast.Module, seconds: float = RECORD_BUDGET_S) -
         top = os.path.join(here, name.split(".")[0])  # now found beside it (`from gradcheck
         if isinstance(module, _StubModule) and (os.path.isdir(top) or os.path.isfile(top + ".py")):
             del sys.modules[name]  # import ...` in lietorch/run_tests.py)
-    with contextlib.suppress(Exception, SystemExit, _OutOfTime):
+    with contextlib.suppress(Exception, SystemExit, _OutOfTime), _choices_as_argv():
         _cut_after(seconds)
         try:
             exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
         finally:
             _cut_after(0)
+
+
+@contextlib.contextmanager
+def _choices_as_argv():
+    """A script's command line, where its parser asks for a positional argument it would not
+    run without (Pytorch-Correlation-extension's `check.py {forward,backward} ...`): the
+    argument's own choices, every one where it takes several. One without choices cannot be
+    guessed, and the script ends as it would."""
+    import argparse
+
+    real = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is None:
+            args = []
+            for action in self._actions:
+                if action.option_strings or not action.choices or not action.required:
+                    continue
+                many = action.nargs in ("+", "*", argparse.REMAINDER)
+                args += [str(c) for c in action.choices][: None if many else 1]
+        return real(self, args, namespace)
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.parse_known_args = real
 
 
 def _show_failure() -> None:

@@ -44,6 +44,38 @@ def _described(kind: str, name, sources=(), *args, **kwargs) -> dict:
     }  # fmt: skip
 
 
+def _writes_may_fail() -> None:
+    """What setup.py writes into the repository (detectron2 links its configs into its package
+    before it calls `setup()`) is refused by the read-only sandbox: the write is skipped, and
+    the script goes on to describe its extensions."""
+    import errno
+    import shutil
+
+    refused = {errno.EROFS, errno.EACCES, errno.EPERM}
+    skipped = [0]
+
+    def tolerant(fn):
+        def call(*args, **kwargs):
+            before = skipped[0]
+            try:
+                return fn(*args, **kwargs)
+            except OSError as exc:  # (or what a skipped inner write left missing: shutil.copy)
+                if exc.errno not in refused and skipped[0] == before:
+                    raise
+                skipped[0] += 1
+                print(f"kminer-setup: skipped {fn.__name__}: {exc}", file=sys.stderr)
+                return None
+
+        return call
+
+    for module, names in (
+        (os, ("symlink", "link", "mkdir", "makedirs", "remove", "unlink", "rename", "replace")),
+        (shutil, ("copy", "copy2", "copyfile", "copytree", "rmtree", "move")),
+    ):
+        for name in names:
+            setattr(module, name, tolerant(getattr(module, name)))
+
+
 def _patch(cuda: bool) -> list:
     import setuptools
     import torch
@@ -71,6 +103,7 @@ def _patch(cuda: bool) -> list:
         distutils.core.setup = setup
     except ImportError:
         pass
+    _writes_may_fail()
     if cuda:
         torch.cuda.is_available = lambda: True
         ce.CUDA_HOME = ce.CUDA_HOME or os.environ.get("CUDA_HOME") or "/usr/local/cuda"
