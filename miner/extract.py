@@ -50,7 +50,7 @@ class Extractor:
     def __init__(self, disc: Discovery) -> None:
         self.disc = disc
         self.resolver = IncludeResolver(list(disc.models))
-        self.linearizer = Linearizer(disc.models, self.resolver)
+        self.linearizer = Linearizer(disc.models, self.resolver, cuda_switches=True)
         self.graph = include_graph(disc.models, self.resolver)
         self._reach: dict[str, set[str]] = {}
 

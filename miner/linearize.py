@@ -40,6 +40,14 @@ class Linear:
     too_deep: str = ""  # the include chain that went past MAX_INCLUDE_DEPTH, when one did
 
 
+# the switches a CUDA build of the extension defines (setup.py's `define_macros=[("WITH_CUDA",
+# None)]`, CMake's `-DUSE_CUDA`): a kernel's own .cu file compiles only in such a build
+CUDA_SWITCH = re.compile(
+    r"\b((?:[A-Z][A-Z0-9]*_)*(?:WITH|USE|HAVE|ENABLE)_(?:CUDA|GPU)|GOOGLE_CUDA)\b"
+)
+CUDA_SOURCES = (".cu", ".cuh")
+
+
 class Linearizer:
     def __init__(
         self,
@@ -47,23 +55,48 @@ class Linearizer:
         resolver: IncludeResolver,
         env: MacroEnv | None = None,
         undefined: set[str] | None = None,
+        cuda_switches: bool = False,
     ) -> None:
         self.models = models
         self.resolver = resolver
         self.base_env = env or cuda_env()
         self.undefined = undefined or set()
         self._cache: dict[str, Linear] = {}
+        # a .cu root is compiled by the CUDA build only: its switches are on (detectron2's
+        # nms_rotated_cuda.cu includes its box IoU helpers under `#ifdef WITH_CUDA`); a host
+        # file is left as it was, since it is compiled either way
+        self.device_env = _switched(self.base_env, models) if cuda_switches else self.base_env
 
     def linear(self, root: str) -> Linear:
         if root not in self._cache:
-            self._cache[root] = _Run(self, root).result
+            env = self.device_env if root.endswith(CUDA_SOURCES) else self.base_env
+            self._cache[root] = _Run(self, root, env).result
         return self._cache[root]
 
 
+def _switched(env: MacroEnv, models: dict[str, FileModel]) -> MacroEnv:
+    """`env` with every CUDA build switch the repository's `#if`s test defined as 1."""
+    names: set[str] = set()
+
+    def walk(events: list) -> None:
+        for ev in events:
+            if isinstance(ev, Cond):
+                for _, text, inner in ev.branches:
+                    names.update(CUDA_SWITCH.findall(text))
+                    walk(inner)
+
+    for model in models.values():
+        walk(model.events)
+    out = env.copy()
+    for name in sorted(names):
+        out.define(name, None, "1")
+    return out
+
+
 class _Run:
-    def __init__(self, owner: Linearizer, root: str) -> None:
+    def __init__(self, owner: Linearizer, root: str, env: MacroEnv) -> None:
         self.o = owner
-        self.env = owner.base_env.copy()
+        self.env = env.copy()
         self.uncertain: set[str] = set()
         self.once: set[str] = set()
         self.stack: list[str] = []

@@ -311,3 +311,36 @@ def test_a_macro_whose_body_holds_a_comment_is_whole(tmp_path):
         ("macro", ("DISPATCH",)),
         ("variable", ("after",)),
     ]
+
+
+def test_a_cuda_files_own_build_switch_is_on(tmp_path):
+    """detectron2's nms_rotated_cuda.cu includes its rotated-IoU helpers under `#ifdef
+    WITH_CUDA` (setup.py defines it for the CUDA build): taken as undefined, the unit lost the
+    helpers and `using namespace detectron2;` named nothing. A .cu file compiles only in the
+    CUDA build, so its switches are on; a host file keeps its `#else` (it compiles either way)."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "utils.h").write_text(
+        "#pragma once\nnamespace lib {\n"
+        "template <typename T> __host__ __device__ T iou(const T* a, const T* b) {\n"
+        "  return a[0] * b[0];\n}\n}  // namespace lib\n"
+    )
+    (tmp_path / "nms.cu").write_text(
+        '#ifdef WITH_CUDA\n#include "utils.h"\n#endif\nusing namespace lib;\n'
+        "template <typename T>\n__global__ void nms_kernel(const T* boxes, T* out) {\n"
+        "  out[threadIdx.x] = iou<T>(boxes, boxes + 5);\n}\n"
+        "void nms_cuda(float* b, float* o) { nms_kernel<float><<<1, 32>>>(b, o); }\n"
+    )
+    (tmp_path / "nms.cpp").write_text(
+        "#ifdef WITH_CUDA\nint backend() { return 1; }\n#else\nint backend() { return 0; }\n"
+        "#endif\n"
+    )
+    disc = discover(tmp_path)
+    extractor = Extractor(disc)
+    res = extractor.extract(kernel(disc, "nms_kernel"), "test")
+    assert "T iou(const T* a, const T* b)" in res.unit.text
+    assert res.unit.text.index("namespace lib {") < res.unit.text.index("using namespace lib;")
+    host = extractor.linearizer.linear("nms.cpp")
+    assert [extractor.linearizer.models["nms.cpp"].text[e.item.start : e.item.end].split("{")[1]
+            for e in host.entries] == [" return 0; }"]  # fmt: skip
