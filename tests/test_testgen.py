@@ -627,7 +627,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
-def _run_generated(tmp_path, cand, impl: Path) -> tuple[int, dict]:
+def _run_generated(tmp_path, cand, impl: Path, **extra: str) -> tuple[int, dict]:
     report = tmp_path / f"{impl.stem}.json"
     env = {
         **os.environ,
@@ -635,6 +635,7 @@ def _run_generated(tmp_path, cand, impl: Path) -> tuple[int, dict]:
         "KMINER_REFERENCE": str(tmp_path / cand.reference.path),
         "KMINER_BUILD_DIR": str(tmp_path / "build"),
         "KMINER_REPORT": str(report),
+        **extra,
     }
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     proc = subprocess.run(
@@ -1013,3 +1014,40 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
     judged = module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: wrong}), noisy)
     assert judged["ok"] is False, judged["note"]  # not excused by a statistic the case leaves out
     assert module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: gpu}), noisy)["ok"]
+
+
+def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo, tmp_path):
+    """KMINER_REF_CACHE: the label's run writes each case's reference outputs; a wrong
+    variant's run of the same test reads them instead of computing the reference again (a
+    CPU rotated NMS over 8003 boxes took 8 s, nine runs of it outlasted a device call). Read,
+    not recomputed: a tampered entry changes the case's verdict (the runner lets only the
+    label's run write there). A folder it cannot write to is no error."""
+    import torch
+
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text(CPU_AFFINE % "")
+    bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
+    cache = tmp_path / "refcache"
+    cache.mkdir()
+    code, rep = _run_generated(tmp_path, cand, good, KMINER_REF_CACHE=str(cache))
+    assert code == 0 and rep["outcome"] == "pass", rep
+    entries = sorted(cache.glob("*.pt"))
+    assert len(entries) == len([c for c in rep["cases"] if c["ok"] is not None])
+    cache.chmod(0o555)  # a variant's run: read-only
+    try:
+        code, rep = _run_generated(tmp_path, cand, bad, KMINER_REF_CACHE=str(cache))
+        assert code != 0 and rep["outcome"] == "mismatch"
+        assert sorted(cache.glob("*.pt")) == entries
+    finally:
+        cache.chmod(0o755)
+    (want, note), rng = torch.load(entries[0], weights_only=True)
+    torch.save((([w * 0 + 7 if isinstance(w, torch.Tensor) else w for w in want], note), rng),
+               entries[0])  # fmt: skip
+    code, rep = _run_generated(tmp_path, cand, good, KMINER_REF_CACHE=str(cache))
+    # the tampered case differs, and the reference computed again disagrees with what was
+    # read: it is left out as unrepeatable, never passed on the tampered values
+    left_out = [c for c in rep["cases"] if c["ok"] is None and "reference gives" in c["note"]]
+    assert len(left_out) == 1, rep

@@ -114,7 +114,9 @@ class Proc:
     over_memory: bool = False
 
 
-def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
+def run_test(
+    test: Path, env_extra: dict[str, str], timeout: float, writable: tuple[Path, ...] = ()
+) -> Proc:
     """`pytest -q -x <test>` in a fresh temp dir inside the execution boundary (no tokens, no
     network, limits, the whole tree ended at the timeout); never raises on its behaviour.
 
@@ -131,7 +133,7 @@ def run_test(test: Path, env_extra: dict[str, str], timeout: float) -> Proc:
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
         argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
         argv.append(str(test))
-        shared = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)]
+        shared = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)] + list(writable)
         for folder in shared:  # the tests of one reference take turns in its build folder
             folder.mkdir(parents=True, exist_ok=True)
         if env.get("KMINER_GPU_LOCK"):  # the two lock files, shared by the tests of one GPU
@@ -271,9 +273,14 @@ class Runner:
         return Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
 
     def check(self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True) -> Check:
+        """One test run (`timed`: the label's; else a wrong variant's, which only reads the
+        reference outputs the label's run left in the test's cache folder)."""
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_BUILD_DIR"] = str(build_dir)
+        cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
+        cache.mkdir(parents=True, exist_ok=True)
+        env["KMINER_REF_CACHE"] = str(cache)
         if self.prebuilt is not None:
             env["KMINER_PREBUILT"] = str(self.prebuilt)
         with self._dir_lock(build_dir):  # torch's build lock assumes one module per folder
@@ -288,7 +295,7 @@ class Runner:
             if self.args.gpu_jobs > len(self.devices):  # tests share a GPU: timing takes it alone
                 lock = self.bundle / ".locks" / f"gpu{dev if dev is not None else ''}.lock"
                 run_env["KMINER_GPU_LOCK"] = str(lock)
-            p = run_test(test, run_env, self.args.run_timeout)
+            p = run_test(test, run_env, self.args.run_timeout, (cache,) if timed else ())
         finally:
             self.gpus.put(dev)
         outcome, why = verdict("run", p, self.args.run_timeout)
