@@ -37,6 +37,7 @@ from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from testgen.pointer_twin import pointer_adapter, pointer_reference
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
 from wrappers.opmap import TWINS
@@ -201,37 +202,6 @@ class RepoRefs:
             names = [n for _, n in caller_sig.params]
             out.append(Step(caller.names[0], names, callee.names[0], callee_params, args))
         return out
-
-
-def pointer_adapter(cand: Candidate, refs: RepoRefs, label_text: str) -> tuple | str | None:
-    """(the launcher's definition, the adapter's signature, its text) when the label's exposed
-    function is kminer's adapter over a launcher that takes device pointers (wrappers.adapter):
-    the repository's code starts at the launcher, whose parameters the adapter keeps by name.
-    None when the label exposes no adapter; a reason when its parameters are not the
-    launcher's (an object built from its constructor's arguments)."""
-    exposed, launcher = (cand.wrapper.functions or [""])[0], cand.wrapper.launcher
-    if not (exposed and launcher and label_text) or exposed in refs.defs:
-        return None
-    item = refs.definition(launcher)
-    code = blank_comments_and_strings(label_text)
-    at = re.search(rf"^[^\n;{{}}]*\b{re.escape(exposed)}\s*\(", code, re.MULTILINE)
-    sig = parse_signature(code[at.start() :], exposed) if at else None
-    l_sig = refs.signature(item) if item else None
-    if sig is None or l_sig is None:
-        return None
-    if [n for _, n in sig.params] != [n for _, n in l_sig.params]:
-        return f"{exposed} builds objects {launcher} takes: no reference takes its arguments"
-    end = _matching_brace(label_text, label_text.index("{", at.end()))
-    return item, sig, label_text[at.start() : end + 1]
-
-
-def _matching_brace(text: str, start: int) -> int:
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return i
-    return len(text) - 1
 
 
 def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | str:
@@ -427,7 +397,9 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
     if loc.pointer_adapter:
-        code, target = _pointer_reference(loc, cand.wrapper.launcher, cpu)
+        code, target = pointer_reference(
+            loc.pointer_adapter, loc.exposed.name, cand.wrapper.launcher, cpu
+        )
     else:
         code, target = adapter(
             loc.exposed,
@@ -462,18 +434,6 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         "// kminer-label-body-end\n\n#ifndef KMINER_BATCH\n"
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n#endif\n"
     )
-
-
-def _pointer_reference(loc: Located, launcher: str, cpu: str) -> tuple[str, str]:
-    """The label's own adapter, calling the CPU twin where it called the launcher: the twin
-    takes the same pointers and numbers, so the dtype dispatch and the casts are the label's."""
-    body = loc.pointer_adapter.replace(loc.exposed.name, "reference", 1)
-    body = re.sub(rf"(?<![\w:]){re.escape(launcher)}(?=\s*[<(])", cpu, body)
-    code = (
-        f"// kminer: {cpu} takes the pointers {launcher} takes; the label's adapter calls it\n"
-        f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"
-    )
-    return code, "&kminer_ref::reference"
 
 
 def find_reference(

@@ -1,0 +1,72 @@
+"""A label whose exposed function is kminer's adapter over a launcher that takes raw device
+pointers (wrappers.adapter): the repository never defines the adapter, so the search for the CPU
+side starts at the launcher, and a CPU twin that takes the same pointers and numbers is called
+through the label's own adapter (the same dtype dispatch and casts).
+
+SparseConvNet's `cuda_MaxPooling_ForwardPass(T *in, T *out, ..., RuleBook)` is such a launcher;
+its CPU op functions take a `Metadata&` the launcher's arguments cannot rebuild, which is now
+the reason its labels give, where they said the adapter had no definition.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from miner.candidate import Candidate
+from miner.textprep import blank_comments_and_strings
+from wrappers.signature import Signature, parse_signature
+
+
+class RepoRefs(Protocol):
+    """What is read of testgen.reference.RepoRefs (which imports this module)."""
+
+    defs: dict
+
+    def definition(self, name: str, host_side: bool = False): ...
+
+    def signature(self, item) -> Signature | None: ...
+
+
+def pointer_adapter(cand: Candidate, refs: RepoRefs, label_text: str) -> tuple | str | None:
+    """(the launcher's definition, the adapter's signature, its text) when the label's exposed
+    function is kminer's adapter over a launcher that takes device pointers (wrappers.adapter):
+    the repository's code starts at the launcher, whose parameters the adapter keeps by name.
+    None when the label exposes no adapter; a reason when its parameters are not the
+    launcher's (an object built from its constructor's arguments)."""
+    exposed, launcher = (cand.wrapper.functions or [""])[0], cand.wrapper.launcher
+    if not (exposed and launcher and label_text) or exposed in refs.defs:
+        return None
+    item = refs.definition(launcher)
+    code = blank_comments_and_strings(label_text)
+    at = re.search(rf"^[^\n;{{}}]*\b{re.escape(exposed)}\s*\(", code, re.MULTILINE)
+    sig = parse_signature(code[at.start() :], exposed) if at else None
+    l_sig = refs.signature(item) if item else None
+    if sig is None or l_sig is None:
+        return None
+    if [n for _, n in sig.params] != [n for _, n in l_sig.params]:
+        return f"{exposed} builds objects {launcher} takes: no reference takes its arguments"
+    end = _matching_brace(label_text, label_text.index("{", at.end()))
+    return item, sig, label_text[at.start() : end + 1]
+
+
+def _matching_brace(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return len(text) - 1
+
+
+def pointer_reference(adapter: str, exposed: str, launcher: str, cpu: str) -> tuple[str, str]:
+    """(C++ code, what `m.def("reference", ...)` binds): the label's own adapter, calling the
+    CPU twin where it called the launcher. The twin takes the same pointers and numbers, so the
+    dtype dispatch and the casts are the label's."""
+    body = adapter.replace(exposed, "reference", 1)
+    body = re.sub(rf"(?<![\w:]){re.escape(launcher)}(?=\s*[<(])", cpu, body)
+    code = (
+        f"// kminer: {cpu} takes the pointers {launcher} takes; the label's adapter calls it\n"
+        f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"
+    )
+    return code, "&kminer_ref::reference"
