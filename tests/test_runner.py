@@ -331,6 +331,27 @@ def test_resume_skips_what_is_done(batch):
     assert resumed["started"] == results["started"]
 
 
+def test_resume_goes_on_within_an_entry(batch):
+    """A call cut short after the label and one wrong variant: the next call runs neither again
+    and finishes the entry as one uninterrupted run would have."""
+    bundle, results, _, _ = batch
+    whole = results["entries"]["alternate"]
+    begun = {**whole, "variants": whole["variants"][:1], "_env": {"gpu": "", "torch": ""}}
+    partial = json.loads(json.dumps(results))
+    del partial["entries"]["alternate"]
+    partial["partial"] = {"alternate": begun}
+    (bundle / "within.json").write_text(json.dumps(partial))
+    before = len(fake_log(bundle))
+    proc = run_py(bundle, "--out", "within.json", "--resume", "--only", "alternate")
+    assert proc.returncode == 0, proc.stderr
+    resumed = json.loads((bundle / "within.json").read_text())
+    ran = {line[1] for line in fake_log(bundle)[before:] if line[0] == "run"}
+    assert "alternate.cu" not in ran and "alternate.0.cu" not in ran
+    assert "alternate.1.cu" in ran  # the op_swap the test kills, after the one it passed
+    assert same(resumed["entries"]["alternate"], whole)
+    assert resumed["partial"] == {}  # a finished entry leaves no partial record
+
+
 def test_interrupted_run_keeps_what_it_did(tmp_path):
     """The stuck test comes first and shares the quick one's build folder: only builds hold
     that folder, so the quick one still runs and is recorded while the stuck one hangs."""

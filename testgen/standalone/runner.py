@@ -25,8 +25,9 @@ Why it is shaped like this:
   module's folder by a hash of its source). A marker per built impl lets a later run skip the build
   subprocess (pass, build_error and import_error are kept; timeouts and crashes are retried).
   Tests should build each module in its own subfolder named after a hash of its source.
-- results.json is rewritten atomically after each entry, so a killed run keeps what it did, and
-  `--resume` goes on from there. Its shape: {"gpu", "torch", "cuda", "started", "entries": {id:
+- results.json is rewritten atomically after each entry and after each step of one (its label,
+  each wrong variant, kept under "partial" until the entry ends), so a killed run keeps what it
+  did, and `--resume` goes on from there, within an entry too. Its shape: {"gpu", "torch", "cuda", "started", "entries": {id:
   {"outcome", "phase" (build|run|""), "cases", "kernel_time_us", "kill_rate" (see below;
   variants, null when none ran), "variants": [{"kind", "path", "outcome", "detail"}],
   "build_s", "run_s", "build_cached", "detail" (one line), "log_tail"}}}. A variant's outcome is
@@ -244,6 +245,10 @@ class Runner:
         self.prebuilt_state: dict[str, str] = {}  # source digest -> built | cached | alone
         self._dir_locks: dict[Path, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # an entry's label verdict and the variants run so far, kept as they come: a call cut
+        # short mid-entry (a label whose variants each build for minutes) resumes from there
+        self.partial: dict[str, dict] = {}
+        self.on_progress = lambda eid, res: None
 
     def _dir_lock(self, path: Path) -> threading.Lock:
         with self._locks_lock:
@@ -358,24 +363,36 @@ class Runner:
             res.update(outcome="build_error", phase="build", detail=f"missing: {missing[0]}")
             return res
         build_dir = self.bundle / ".build" / _digest(ref, extra=self.env_key)
-        label = self.check(test, impl, ref, build_dir)
-        res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
-        res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
-        res.update(log_tail=label.log[-LOG_TAIL:])
-        if label.phase == "run":
-            cases = label.report.get("cases")
-            res["cases"] = cases if isinstance(cases, list) else []
-            res["kernel_time_us"] = label.report.get("kernel_time_us")
-        res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
-        if label.outcome != "pass":
-            return res
+        eid = entry.get("id", "")
+        prior = self.partial.get(eid)
+        if isinstance(prior, dict) and prior.get("outcome") == "pass":
+            res.update(prior)  # the label passed in an earlier call: its variants go on
+            res["variants"] = list(prior.get("variants") or [])
+        else:
+            label = self.check(test, impl, ref, build_dir)
+            res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
+            res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
+            res.update(log_tail=label.log[-LOG_TAIL:])
+            if label.phase == "run":
+                cases = label.report.get("cases")
+                res["cases"] = cases if isinstance(cases, list) else []
+                res["kernel_time_us"] = label.report.get("kernel_time_us")
+            res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
+            if label.outcome != "pass":
+                return res
+            self.on_progress(eid, res)
+        ran = {v.get("path"): v for v in res["variants"]}
         tried, killed = set(), set()  # kinds with a valid variant run / with one killed
         for kind, group in _by_kind(entry.get("variants") or []):
             for v in group:
-                out, detail = self._variant(test, self.bundle / v["path"], ref, build_dir)
-                res["variants"].append(
-                    {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
-                )
+                if v["path"] in ran:  # run in an earlier call
+                    out = ran[v["path"]].get("outcome", INVALID)
+                else:
+                    out, detail = self._variant(test, self.bundle / v["path"], ref, build_dir)
+                    res["variants"].append(
+                        {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
+                    )
+                    self.on_progress(eid, res)
                 if out == INVALID:
                     continue  # does not build: the next of its kind stands in
                 tried.add(kind)
@@ -539,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run.py: {args.out}: not a results file, will not resume it", file=sys.stderr)
             return 2
         results.update(prev)
+    partial = results.setdefault("partial", {})  # entries begun, not finished (Runner.partial)
     seen = {k for k in ("gpu", "torch", "cuda") if results[k]}  # values from the tests' reports
     known = {e["id"] for e in manifest}
     for eid in sorted(set(args.only or ()) - known):
@@ -551,6 +569,15 @@ def main(argv: list[str] | None = None) -> int:
     results["nvcc"] = results.get("nvcc") or toolchain.nvcc_version()
     results["sandbox"] = sandbox.describe()  # what this machine's boundary gave the tests
     runner = Runner(bundle, args, devices)
+    runner.partial = {k: v for k, v in partial.items() if isinstance(v, dict)}
+    write_lock = threading.Lock()
+
+    def progress(eid: str, res: dict) -> None:
+        with write_lock:
+            partial[eid] = json.loads(json.dumps(res))
+            _write_json(args.out, results)
+
+    runner.on_progress = progress
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if args.prebuild and todo:
         try:
@@ -568,9 +595,12 @@ def main(argv: list[str] | None = None) -> int:
                 if value and key not in seen:
                     results[key] = str(value)
                     seen.add(key)
-            entries = {**results["entries"], eid: res}
-            results["entries"] = dict(sorted(entries.items(), key=lambda kv: order.get(kv[0], -1)))
-            _write_json(args.out, results)
+            with write_lock:
+                entries = {**results["entries"], eid: res}
+                order_key = lambda kv: order.get(kv[0], -1)  # noqa: E731
+                results["entries"] = dict(sorted(entries.items(), key=order_key))
+                partial.pop(eid, None)
+                _write_json(args.out, results)
             rate = "" if res["kill_rate"] is None else f" kill_rate {res['kill_rate']:.2f}"
             print(f"[{done}/{len(todo)}] {eid} {res['outcome']}{rate} {res['detail']}", flush=True)
     except KeyboardInterrupt:
