@@ -27,11 +27,12 @@ Why it is shaped like this:
   Tests should build each module in its own subfolder named after a hash of its source.
 - results.json is rewritten atomically after each entry and after each step of one (its label,
   each wrong variant, kept under "partial" until the entry ends), so a killed run keeps what it
-  did, and `--resume` goes on from there, within an entry too. Its shape: {"gpu", "torch", "cuda", "started", "entries": {id:
-  {"outcome", "phase" (build|run|""), "cases", "kernel_time_us", "kill_rate" (see below;
-  variants, null when none ran), "variants": [{"kind", "path", "outcome", "detail"}],
-  "build_s", "run_s", "build_cached", "detail" (one line), "log_tail"}}}. A variant's outcome is
-  one of the run outcomes, or `invalid` when it does not build.
+  did, and `--resume` goes on from there, within an entry too. Its shape: {"gpu", "torch",
+  "cuda", "started", "partial", "entries": {id: {"outcome", "phase" (build|run|""), "cases",
+  "kernel_time_us", "kill_rate" (see below; variants, null when none ran), "variants":
+  [{"kind", "path", "outcome", "detail"}], "build_s", "run_s", "build_cached", "detail" (one
+  line), "log_tail"}}}. A variant's outcome is one of the run outcomes, or `invalid` when it
+  does not build.
 - Wrong variants come in kinds (no_write, off_by_one, op_swap), best first within a kind. A kind
   is killed when the test fails one of its variants; a variant the test passes may be
   equivalent to the label (NMS's `start = tid + 1` -> `tid - 1` adds comparisons whose bits are
