@@ -34,7 +34,7 @@ from wrappers.opmap import TWINS
 
 log = logging.getLogger(__name__)
 CXX_SOURCES = (".cpp", ".cc", ".cxx", ".c")
-MAX_SOURCES = 24  # C++ sources built per repository (each parses the torch headers: ~30 s)
+MAX_SOURCES = 40  # C++ sources built per repository (each parses the torch headers: ~30 s)
 COMPILE_LIMITS = sandbox.Limits(seconds=600, memory_mb=8 << 10, processes=64)
 CAPTURE_LIMITS = sandbox.Limits(seconds=120, memory_mb=8 << 10, processes=64)
 _UNDEFINED = re.compile(r"undefined reference to `([^']+)'")
@@ -194,8 +194,10 @@ def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: i
     built, total = {}, 0
     for ext in exts:
         if total + len(ext.sources) > MAX_SOURCES:
-            log.info("cpu twin %s: left out (over %d sources in all)", ext.name, MAX_SOURCES)
-            continue
+            ext = trimmed(repo, ext, words if wanted is not None else None, MAX_SOURCES - total)
+            if ext is None:
+                log.info("cpu twin: left out (over %d sources in all)", MAX_SOURCES)
+                continue
         total += len(ext.sources)
         so = build(repo, ext, folder, jobs)
         if so is not None:
@@ -203,6 +205,43 @@ def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: i
     folder.mkdir(parents=True, exist_ok=True)
     index.write_text(json.dumps({k: str(v) for k, v in built.items()}))
     return built
+
+
+_MODULE_DEF = re.compile(r"\b(?:PYBIND11_MODULE|TORCH_LIBRARY(?:_FRAGMENT)?)\s*\(")
+
+
+def trimmed(repo: Path, ext: Extension, words: set[str] | None, budget: int) -> Extension | None:
+    """`ext` cut to `budget` sources that can still run its ops on the CPU, or None: mmcv's and
+    pytorch3d's one extension has a hundred C++ sources, and left out whole none of its CPU
+    implementations ran behind the recorder. Kept first the sources that define the module
+    (its bindings), then the CPU implementations (a `cpu` in their path) of the wanted ops,
+    then the same-named source of each in another folder (mmcv's `pytorch/roi_align.cpp`,
+    which dispatches to `pytorch/cpu/roi_align.cpp`); what is cut becomes raising stubs."""
+    texts = {}
+    for src in ext.sources:
+        try:
+            texts[src] = (repo / src).read_text("utf-8", errors="replace")
+        except OSError:
+            texts[src] = ""
+
+    def wanted(src: str) -> bool:  # `roi_align_forward` in `roi_align_forward_cpu` too
+        return words is None or any(w in texts[src] for w in words)
+
+    modules = [s for s in ext.sources if _MODULE_DEF.search(texts[s])]
+    kept = list(modules)
+    for cpu in [s for s in ext.sources if "cpu" in s.lower() and s not in modules]:
+        stem = Path(cpu).stem.lower().removesuffix("_cpu")
+        twins = [t for t in ext.sources if t not in kept and Path(t).stem.lower() == stem]
+        group = [cpu, *[t for t in twins if t != cpu]]
+        if wanted(cpu) and len(kept) + len(group) <= budget:
+            kept += group
+    if not modules or len(kept) <= len(modules):
+        return None
+    log.info(
+        "cpu twin %s: %d of its %d sources (the module, CPU implementations and their ops)",
+        ext.name, len(kept), len(ext.sources),
+    )  # fmt: skip
+    return Extension(ext.name, tuple(kept), ext.include_dirs, ext.defines, ext.cxx_args)
 
 
 def _mentions(path: Path, words: set[str]) -> bool:

@@ -166,3 +166,62 @@ def test_what_setup_py_writes_into_the_repository_is_skipped(tmp_path):
     (ext,) = capture(repo)
     assert (ext.name, ext.sources) == ("pkg._C", ("pkg/op.cpp",))
     assert not (repo / "pkg" / "configs").exists() and not (repo / "pkg" / "made").exists()
+
+
+def test_a_module_setup_py_imports_and_this_machine_lacks_is_a_stub(tmp_path):
+    """mmcv's setup.py imports `pkg_resources`, which today's setuptools no longer ships: the
+    script stopped before it described its extension. A lacking module is a stub; one whose
+    import has its own fallback still fails, so the fallback runs."""
+    from conftest import write_tree
+
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "setup.py": "from setuptools import setup\n"
+            "from torch.utils.cpp_extension import CppExtension\n"
+            "from kminer_absent_pkg import get_distribution\n"
+            "version = get_distribution('mmcv')\n"
+            "try:\n    import kminer_absent_other\n    flag = 'stub'\n"
+            "except ImportError:\n    flag = 'fallback'\n"
+            "setup(name='pkg', ext_modules=[CppExtension('pkg._C', ['pkg/op.cpp'],\n"
+            "      define_macros=[('IMPORTED', flag)])])\n",
+            "pkg/__init__.py": "",
+            "pkg/op.cpp": "// op\n",
+        },
+    )
+    (ext,) = capture(repo)
+    assert (ext.name, ext.sources, ext.defines) == (
+        "pkg._C",
+        ("pkg/op.cpp",),
+        ("-DIMPORTED=fallback",),
+    )
+
+
+def test_an_extension_over_the_budget_keeps_its_module_and_cpu_implementations(tmp_path):
+    """A hundred sources in one extension (mmcv): kept are the one that defines the module,
+    the CPU implementations of the ops at hand, each with the same-named source that
+    dispatches to it; the rest (a CUDA-only op's glue, another op's CPU code) is cut."""
+    from conftest import write_tree
+
+    from testgen.cpu_twin import trimmed
+
+    files = {
+        "csrc/pybind.cpp": 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("a", &a); }\n',
+        "csrc/roi_pool.cpp": "void roi_pool_forward() {}\n",
+        "csrc/cpu/roi_pool.cpp": "void roi_pool_forward_cpu() {}\n",
+        "csrc/nms.cpp": "void nms() {}\n",
+        "csrc/cpu/nms.cpp": "void nms_cpu() {}\n",
+        "csrc/cuda_only.cpp": "void roi_pool_forward_launcher() {}\n",
+        "csrc/knn_cpu.cpp": "void roi_pool_forward_helper() {}\n",
+    }
+    repo = write_tree(tmp_path / "repo", files)
+    ext = Extension("pkg._ext", tuple(sorted(files)), (), (), ())
+    kept = trimmed(repo, ext, {"roi_pool_forward"}, 5)
+    assert kept is not None and kept.name == "pkg._ext"
+    assert set(kept.sources) == {
+        "csrc/pybind.cpp", "csrc/cpu/roi_pool.cpp", "csrc/roi_pool.cpp", "csrc/knn_cpu.cpp"
+    }  # fmt: skip
+    tight = trimmed(repo, ext, {"roi_pool_forward"}, 2)  # a pair that does not fit: skipped
+    assert tight is not None and tight.sources == ("csrc/pybind.cpp", "csrc/knn_cpu.cpp")
+    no_module = Extension("pkg._ext", ("csrc/cpu/nms.cpp", "csrc/nms.cpp"), (), (), ())
+    assert trimmed(repo, no_module, None, 5) is None  # nothing binds what would be built

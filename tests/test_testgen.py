@@ -627,6 +627,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
+def _generated_with_impls(refrepo, tmp_path, kernel, recorded, good_src, bad_src):
+    """(candidate, good.cpp, bad.cpp): the kernel's test generated from `recorded`, beside a
+    right and a wrong CPU implementation to run it on."""
+    cand = candidate(refrepo, kernel)
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], recorded, tmp_path)
+    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
+    good.write_text(good_src)
+    bad.write_text(bad_src)
+    return cand, good, bad
+
+
 def _run_generated(tmp_path, cand, impl: Path, **extra: str) -> tuple[int, dict]:
     report = tmp_path / f"{impl.stem}.json"
     env = {
@@ -665,12 +677,10 @@ def test_nondeterministic_op_gets_an_order_free_test(refrepo, tmp_path):
 def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_path):
     """Run on CPU: an implementation that keeps the values in reverse order passes; one that
     skips the first input (a lost value, and a count one short) fails."""
-    cand = candidate(refrepo, "compact_any_order_cuda_kernel")
-    write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], compact_recorded(), tmp_path)
-    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
-    good.write_text(CPU_COMPACT % "0")
-    bad.write_text(CPU_COMPACT % "1")
+    cand, good, bad = _generated_with_impls(
+        refrepo, tmp_path, "compact_any_order_cuda_kernel", compact_recorded(),
+        CPU_COMPACT % "0", CPU_COMPACT % "1",
+    )  # fmt: skip
     code, rep = _run_generated(tmp_path, cand, good)
     assert code == 0 and rep["outcome"] == "pass", rep
     code, rep = _run_generated(tmp_path, cand, bad)
@@ -1024,25 +1034,25 @@ def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo,
     label's run write there). A folder it cannot write to is no error."""
     import torch
 
-    cand = candidate(refrepo, "affine_forward_cuda_kernel")
-    write_label(refrepo, cand, tmp_path)
-    generate_for(cand, refrepo[3], affine_recorded(), tmp_path)
-    good, bad = tmp_path / "good.cpp", tmp_path / "bad.cpp"
-    good.write_text(CPU_AFFINE % "")
-    bad.write_text(CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)")
+    cand, good, bad = _generated_with_impls(
+        refrepo, tmp_path, "affine_forward_cuda_kernel", affine_recorded(),
+        CPU_AFFINE % "", CPU_AFFINE % " + (k == n - 1 ? 1e-3 : 0)",
+    )  # fmt: skip
     cache = tmp_path / "refcache"
     cache.mkdir()
     code, rep = _run_generated(tmp_path, cand, good, KMINER_REF_CACHE=str(cache))
     assert code == 0 and rep["outcome"] == "pass", rep
     entries = sorted(cache.glob("*.pt"))
     assert len(entries) == len([c for c in rep["cases"] if c["ok"] is not None])
-    cache.chmod(0o555)  # a variant's run: read-only
-    try:
-        code, rep = _run_generated(tmp_path, cand, bad, KMINER_REF_CACHE=str(cache))
-        assert code != 0 and rep["outcome"] == "mismatch"
-        assert sorted(cache.glob("*.pt")) == entries
-    finally:
-        cache.chmod(0o755)
+    stamps = [e.stat().st_mtime_ns for e in entries]
+    code, rep = _run_generated(tmp_path, cand, bad, KMINER_REF_CACHE=str(cache))
+    assert code != 0 and rep["outcome"] == "mismatch"
+    assert [e.stat().st_mtime_ns for e in sorted(cache.glob("*.pt"))] == stamps  # read, not redone
+    # a cache that cannot be written (a path through a file, refused even to root) is no error
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    code, rep = _run_generated(tmp_path, cand, good, KMINER_REF_CACHE=str(blocked / "cache"))
+    assert code == 0 and rep["outcome"] == "pass", rep
     (want, note), rng = torch.load(entries[0], weights_only=True)
     torch.save((([w * 0 + 7 if isinstance(w, torch.Tensor) else w for w in want], note), rng),
                entries[0])  # fmt: skip

@@ -176,22 +176,8 @@ def wrap(
     as_json: JsonOpt = False,
 ) -> None:
     """Give mined kernels a host wrapper + binding (mined launcher, rule, or LLM)."""
-    workdir = workdir or Path(".")
-    mode = llm_mode(llm, llm_base_url)
-    setup_logging(workdir)
-    cfg = RunConfig(
-        repo="",
-        workdir=workdir,
-        stages=("wrap",),
-        filter=filter,
-        redo=redo,
-        db_url=db,
-        llm=mode,
-        model=model,
-        llm_base_url=llm_base_url,
-        max_attempts=max_attempts,
-    )
-    _run_stages(cfg, "wrap", as_json)
+    llm_fields = _llm_fields(llm, model, llm_base_url, max_attempts)
+    _one_stage("wrap", workdir, as_json, filter=filter, redo=redo, db_url=db, **llm_fields)
 
 
 def build(
@@ -204,19 +190,10 @@ def build(
     as_json: JsonOpt = False,
 ) -> None:
     """Build-check every label (nvcc with cpp_extension's flags; many labels per unit)."""
-    workdir = workdir or Path(".")
-    setup_logging(workdir)
-    cfg = RunConfig(
-        repo="",
-        workdir=workdir,
-        stages=("build",),
-        filter=filter,
-        redo=redo,
-        db_url=db,
-        build_jobs=jobs,
+    _one_stage(
+        "build", workdir, as_json, filter=filter, redo=redo, db_url=db, build_jobs=jobs,
         batch_size=batch_size,
-    )
-    _run_stages(cfg, "build", as_json)
+    )  # fmt: skip
 
 
 def testgen(
@@ -231,22 +208,22 @@ def testgen(
     as_json: JsonOpt = False,
 ) -> None:
     """Give built labels a CPU reference, test cases, wrong variants and a standalone test."""
-    workdir = workdir or Path(".")
+    llm_fields = _llm_fields(llm, model, llm_base_url, max_attempts)
+    _one_stage("testgen", workdir, as_json, filter=filter, redo=redo, db_url=db, **llm_fields)
+
+
+def _llm_fields(llm, model, llm_base_url, max_attempts) -> dict:
+    """The run's model settings (a bad --llm is refused here, before anything runs)."""
     mode = llm_mode(llm, llm_base_url)
+    return dict(llm=mode, model=model, llm_base_url=llm_base_url, max_attempts=max_attempts)
+
+
+def _one_stage(stage: str, workdir: Path | None, as_json: bool, **fields) -> None:
+    """One stage over an existing workdir (the repository comes from its store)."""
+    workdir = workdir or Path(".")
     setup_logging(workdir)
-    cfg = RunConfig(
-        repo="",
-        workdir=workdir,
-        stages=("testgen",),
-        filter=filter,
-        redo=redo,
-        db_url=db,
-        llm=mode,
-        model=model,
-        llm_base_url=llm_base_url,
-        max_attempts=max_attempts,
-    )
-    _run_stages(cfg, "testgen", as_json)
+    cfg = RunConfig(repo="", workdir=workdir, stages=(stage,), **fields)
+    _run_stages(cfg, stage, as_json)
 
 
 def candidates(
