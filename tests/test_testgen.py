@@ -1048,6 +1048,14 @@ def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo,
     code, rep = _run_generated(tmp_path, cand, bad, KMINER_REF_CACHE=str(cache))
     assert code != 0 and rep["outcome"] == "mismatch"
     assert [e.stat().st_mtime_ns for e in sorted(cache.glob("*.pt"))] == stamps  # read, not redone
+    assert len([c for c in rep["cases"] if c["ok"] is False]) > 1
+    env = {"KMINER_REF_CACHE": str(cache), "KMINER_STOP_EARLY": "1"}  # as the runner's variants
+    code, early = _run_generated(tmp_path, cand, bad, **env)
+    assert code != 0 and early["outcome"] == "mismatch"
+    assert [c["ok"] for c in early["cases"]][-1] is False
+    assert len(early["cases"]) < len(rep["cases"]) and early["cases"][-1] == next(
+        c for c in rep["cases"] if c["ok"] is False
+    )  # the same first miss, and nothing after it
     # a cache that cannot be written (a path through a file, refused even to root) is no error
     blocked = tmp_path / "a_file"
     blocked.write_text("")

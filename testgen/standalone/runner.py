@@ -283,6 +283,7 @@ class Runner:
         reference outputs the label's run left in the test's cache folder)."""
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
+        env["KMINER_STOP_EARLY"] = "0" if timed else "1"  # a variant's verdict: its first miss
         env["KMINER_BUILD_DIR"] = str(build_dir)
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
