@@ -336,7 +336,10 @@ def test_resume_goes_on_within_an_entry(batch):
     and finishes the entry as one uninterrupted run would have."""
     bundle, results, _, _ = batch
     whole = results["entries"]["alternate"]
+    sources = runner._digest(*(bundle / p for p in ("tests/alternate.py", "labels/alternate.cu")),
+                             bundle / "references/ref.cpp")  # fmt: skip
     begun = {**whole, "variants": whole["variants"][:1], "_env": {"gpu": "", "torch": ""}}
+    begun["_sources"] = sources
     partial = json.loads(json.dumps(results))
     del partial["entries"]["alternate"]
     partial["partial"] = {"alternate": begun}
@@ -350,6 +353,15 @@ def test_resume_goes_on_within_an_entry(batch):
     assert "alternate.1.cu" in ran  # the op_swap the test kills, after the one it passed
     assert same(resumed["entries"]["alternate"], whole)
     assert resumed["partial"] == {}  # a finished entry leaves no partial record
+    # begun on other bytes (the test was generated again since): the entry starts over
+    stale = json.loads(json.dumps(partial))
+    stale["partial"]["alternate"]["_sources"] = "0" * 20
+    (bundle / "stale.json").write_text(json.dumps(stale))
+    before = len(fake_log(bundle))
+    proc = run_py(bundle, "--out", "stale.json", "--resume", "--only", "alternate")
+    assert proc.returncode == 0, proc.stderr
+    ran = {line[1] for line in fake_log(bundle)[before:] if line[0] == "run"}
+    assert {"alternate.cu", "alternate.0.cu"} <= ran
 
 
 def test_interrupted_run_keeps_what_it_did(tmp_path):

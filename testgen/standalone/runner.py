@@ -367,7 +367,12 @@ class Runner:
         build_dir = self.bundle / ".build" / _digest(ref, extra=self.env_key)
         eid = entry.get("id", "")
         prior = self.partial.get(eid)
-        if isinstance(prior, dict) and prior.get("outcome") == "pass":
+        sources = _digest(test, impl, ref)  # a partial entry of other bytes is not resumed
+        if (
+            isinstance(prior, dict)
+            and prior.get("outcome") == "pass"
+            and (prior.get("_sources") == sources)
+        ):
             res.update(prior)  # the label passed in an earlier call: its variants go on
             res["variants"] = list(prior.get("variants") or [])
         else:
@@ -382,6 +387,7 @@ class Runner:
             res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
             if label.outcome != "pass":
                 return res
+            res["_sources"] = sources
             self.on_progress(eid, res)
         ran = {v.get("path"): v for v in res["variants"]}
         tried, killed = set(), set()  # kinds with a valid variant run / with one killed
@@ -401,6 +407,7 @@ class Runner:
                 if out != "pass":
                     killed.add(kind)
                     break
+        res.pop("_sources", None)
         if tried:
             res["kill_rate"] = round(len(killed) / len(tried), 4)
         if tried - killed:
