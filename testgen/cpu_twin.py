@@ -89,12 +89,25 @@ def _flags(repo: Path, ext: Extension) -> list[str]:
     if toolchain.cuda_include_dir():  # cuda.h for host code that names CUDA types
         incs.append(toolchain.cuda_include_dir())
     leaf = ext.name.rsplit(".", 1)[-1]
+    # a standard older than the one torch's headers need (mmcv still asks for -std=c++14,
+    # which today's torch refuses) gives way to torch's; a newer one stands
+    ours = toolchain.cxx_standard()
+    args = [a for a in ext.cxx_args if not (a.startswith("-std=") and _year(a) < _year(ours))]
     return [
-        f"-std={toolchain.cxx_standard()}", "-fPIC", "-O1", "-w", "-fopenmp",
-        *[f"-I{d}" for d in incs], *ext.defines, *ext.cxx_args,
+        f"-std={ours}", "-fPIC", "-O1", "-w", "-fopenmp",
+        *[f"-I{d}" for d in incs], *ext.defines, *args,
         "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={leaf}",
         *toolchain.abi_flags(),
     ]  # fmt: skip
+
+
+def _year(std: str) -> int:
+    """2014 for -std=c++14 or gnu++1y, 2020 for c++2a: standards compared by year."""
+    m = re.search(r"\+\+(\d\w)", std)
+    if not m:
+        return 0
+    two = {"0x": "11", "1y": "14", "1z": "17", "2a": "20", "2b": "23", "2c": "26"}.get(m[1], m[1])
+    return 2000 + int(two) if two.isdigit() else 0
 
 
 def _run(argv: list[str], folder: Path, repo: Path, objects: Path | None = None) -> sandbox.Result:

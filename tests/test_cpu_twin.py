@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from testgen.cpu_twin import Extension, capture, cpu_extensions
+from miner import toolchain
+from testgen.cpu_twin import Extension, _flags, capture, cpu_extensions
 from testgen.inputs import record_repo_calls
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bwdrepo"
@@ -45,6 +46,12 @@ def test_setup_py_is_read_by_running_it():
     assert ext.sources == ("a.cpp",)
     assert ext.defines == ("-DWITH_CUDA", "-DN=4", "-UNDEBUG")
     assert ext.cxx_args == ("-DAT_PARALLEL_OPENMP", "-fopenmp")
+    # mmcv asks for C++14, which today's torch headers refuse: torch's standard wins
+    old = Extension("pkg._C", ("a.cpp",), (), (), ("-std=c++14",))
+    ours = f"-std={toolchain.cxx_standard()}"
+    assert [a for a in _flags(FIXTURE, old) if a.startswith("-std=")] == [ours]
+    newer = Extension("pkg._C", ("a.cpp",), (), (), ("-std=c++26",))
+    assert [a for a in _flags(FIXTURE, newer) if a.startswith("-std=")] == [ours, "-std=c++26"]
 
 
 @pytest.mark.slow
