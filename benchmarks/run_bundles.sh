@@ -6,6 +6,7 @@
 # is mostly one nvcc process, so device time goes further than running them one after another;
 # the cores are shared out between them (--jobs), so three bundles never run 3 x 16 nvcc at once.
 #   usage: [JOBS=n] benchmarks/run_bundles.sh SECONDS     results: $OUT/NAME_native.json
+# (at most 7 bundles a call: a device call brings back 8 files, the 8th being its own output)
 set -u
 OUT=${OUT:-$PWD/bundles-out}
 mkdir -p "$OUT"
@@ -32,7 +33,9 @@ run_one() {  # bundle path
     cp ".device/$name.partial.json" "$out" && resume=(--resume)
   fi
   start=$(date +%s)
-  log="${out%_native.json}.log"  # beside the results: a bundle cut short still tells why
+  # the log stays on the box (only 8 files come back from a call: one results file a bundle);
+  # its last lines are printed below, so a bundle cut short still tells why
+  log="$PWD/.bundles-work/$name.log"
   (cd "$dir" && timeout -k 5 "$left" python3 run.py --jobs "$builds" --out "$out" "${resume[@]}" >"$log" 2>&1)
   echo "$name: exit $? in $(( $(date +%s) - start )) s"
   tail -n 2 "$log"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.backward_calls import backward_calls
+from testgen.caller_sorts import caller_sorts
 from testgen.carry import Unmappable, carry_down
 from testgen.cases import (
     MIN_CASES,
@@ -280,7 +281,8 @@ def generate_for(
     derived = binding_variants(base, cand, refs)
     case_plan = plan(base, label_dtypes(label_text), params, derived, made=bool(made_by))
     order_free = order_free_reason(label_text)
-    text = render_test(cand, function, case_plan, reference_text, order_free, made_by)
+    sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))
+    text = render_test(cand, function, case_plan, reference_text, order_free, made_by, sorted_last)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")
@@ -320,6 +322,7 @@ def generate_for(
                 "cases_source": source,
                 "variants": len(variants),
                 "order_free": order_free,
+                "sorted_last": sorted_last,
             },
         ),
     )

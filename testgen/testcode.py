@@ -91,9 +91,11 @@ def render_test(
     reference_text: str,
     order_free: str = "",
     made_by: str = "",
+    sorted_last: str = "",
 ) -> str:
     """The test file; `made_by` says who made the inputs when the repository's tests never call
-    the op ('' for recorded calls)."""
+    the op ('' for recorded calls); `sorted_last`, why outputs are compared sorted along their
+    last dimension (testgen/caller_sorts.py)."""
     import torch
 
     buf = io.BytesIO()
@@ -136,5 +138,6 @@ def render_test(
             reference_b64=_chunks(reference_text.encode("latin-1", errors="replace")),
             test_name=re.sub(r"\W", "_", k.name),
             order_free=order_free,
+            sorted_last=sorted_last,
         )
     )

@@ -700,6 +700,23 @@ def _generated_test_module(refrepo, tmp_path):
     return module
 
 
+def test_outputs_sorted_by_the_repository_compare_along_their_last_dim(refrepo, tmp_path):
+    """SORTED_LAST (testgen/caller_sorts.py): each row's values in any order match, another
+    multiset in a row does not, and without the flag order still counts."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.ORDER_FREE = False
+    want = [torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([[0, 1, 2], [2, 0, 1]])]
+    got = [torch.tensor([[3.0, 1.0, 2.0], [4.0, 6.0, 5.0]]), torch.tensor([[2, 0, 1], [0, 1, 2]])]
+    module.SORTED_LAST = False
+    assert not module._compare(got, want, "float32")[0]
+    module.SORTED_LAST = True
+    assert module._compare(got, want, "float32")[0]
+    moved = [got[0], torch.tensor([[2, 0, 1], [0, 1, 1]])]  # a row's values, not only its order
+    assert not module._compare(moved, want, "float32")[0]
+    across = [torch.tensor([[1.0, 2.0, 4.0], [3.0, 5.0, 6.0]]), got[1]]  # between rows: no
+    assert not module._compare(across, want, "float32")[0]
+
+
 def test_only_memory_a_label_never_wrote_is_told_from_nondeterminism(refrepo, tmp_path):
     """A wrong kernel that skips its output left, in a label-allocated tensor, whatever the
     allocator held: run again it differed, and the case was excused as nondeterministic. Run
@@ -1024,6 +1041,22 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
     judged = module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: wrong}), noisy)
     assert judged["ok"] is False, judged["note"]  # not excused by a statistic the case leaves out
     assert module._run_case(case, base, SimpleNamespace(**{module.FUNCTION: gpu}), noisy)["ok"]
+
+
+def test_a_reference_that_refuses_every_case_is_no_mismatch(refrepo, tmp_path):
+    """pytorch3d's interp_face_attrs: the reference refused every recorded call, and the test
+    reported `mismatch`, a verdict on a kernel no case had judged. It is `no_cases`."""
+    cand, good, _ = _generated_with_impls(
+        refrepo, tmp_path, "affine_forward_cuda_kernel", affine_recorded(), CPU_AFFINE % "", ""
+    )
+    text = (tmp_path / cand.reference.path).read_text()
+    name = cand.reference.exposed or cand.reference.function
+    at = text.index("{", text.index(name + "("))
+    refusing = tmp_path / "refusing.cpp"
+    refusing.write_text(text[: at + 1] + ' TORCH_CHECK(false, "refused");' + text[at + 1 :])
+    code, rep = _run_generated(tmp_path, cand, good, KMINER_REFERENCE=str(refusing))
+    assert code != 0 and rep["outcome"] == "no_cases", rep
+    assert rep["cases"] and all(c["ok"] is None for c in rep["cases"])
 
 
 def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo, tmp_path):

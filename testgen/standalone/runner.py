@@ -73,7 +73,7 @@ except ImportError:  # in a bundle: beside run.py
     import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
-OUTCOMES += ("no_reference", "weak_test", "nondeterministic")
+OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases")
 OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun

@@ -1,0 +1,36 @@
+"""A binding whose result the repository's own Python sorts has no order along its last
+dimension (pytorch3d's knn_points sorts what _C.knn_points_idx returns)."""
+
+from conftest import write_tree
+
+from testgen.caller_sorts import caller_sorts
+
+
+def test_a_result_sorted_by_its_caller_is_found_and_nothing_else(tmp_path):
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "pkg/__init__.py": "",
+            "pkg/ops.py": (
+                "from pkg import _C\n\n"
+                "def knn(p1, p2, K):\n"
+                "    idx, dists = _C.knn_idx(p1, p2, K)\n"
+                "    dists, order = dists.sort(dim=2)\n"
+                "    return dists, idx.gather(2, order)\n\n"
+                "def other(x):\n"
+                "    y = _C.other_op(x)\n"
+                "    z = _C.third_op(x)\n"
+                "    return y\n\n"
+                "def resorted(x):\n"
+                "    z = torch.sort(x)\n"
+                "    z = _C.late_op(x)\n"  # sorted before this call: says nothing of it
+                "    return z\n"
+            ),
+            "tests/test_ops.py": "def test_a(x):\n    v = _C.from_test(x)\n    v.sort()\n",
+        },
+    )
+    reason = caller_sorts(repo, ["unknown", "knn_idx"])
+    assert reason == "the repository's `knn` (pkg/ops.py:4) sorts what `knn_idx` returns"
+    assert caller_sorts(repo, ["other_op"]) == "" and caller_sorts(repo, ["third_op"]) == ""
+    assert caller_sorts(repo, ["late_op"]) == ""
+    assert caller_sorts(repo, ["from_test"]) == ""  # a test's own sorting is no contract
