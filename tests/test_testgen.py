@@ -715,6 +715,12 @@ def test_outputs_sorted_by_the_repository_compare_along_their_last_dim(refrepo, 
     assert not module._compare(moved, want, "float32")[0]
     across = [torch.tensor([[1.0, 2.0, 4.0], [3.0, 5.0, 6.0]]), got[1]]  # between rows: no
     assert not module._compare(across, want, "float32")[0]
+    # a float64 label against a reference that ran in float32: float32's tolerance
+    module.SORTED_LAST = False
+    w32 = torch.tensor([1.0, 2.0, 3.0])
+    g64 = w32.double() * (1 + 3e-6)
+    assert module._compare([g64], [w32], "float64")[0]
+    assert not module._compare([g64], [w32.double()], "float64")[0]
 
 
 def test_only_memory_a_label_never_wrote_is_told_from_nondeterminism(refrepo, tmp_path):
@@ -1053,10 +1059,19 @@ def test_a_reference_that_refuses_every_case_is_no_mismatch(refrepo, tmp_path):
     name = cand.reference.exposed or cand.reference.function
     at = text.index("{", text.index(name + "("))
     refusing = tmp_path / "refusing.cpp"
-    refusing.write_text(text[: at + 1] + ' TORCH_CHECK(false, "refused");' + text[at + 1 :])
+    # an index past a dimension (c10::IndexError: Python's IndexError) is a refusal too
+    refusing.write_text(text[: at + 1] + ' TORCH_CHECK_INDEX(false, "refused");' + text[at + 1 :])
     code, rep = _run_generated(tmp_path, cand, good, KMINER_REFERENCE=str(refusing))
     assert code != 0 and rep["outcome"] == "no_cases", rep
     assert rep["cases"] and all(c["ok"] is None for c in rep["cases"])
+    # the label's own host code refusing an input (no kernel ran): that case is left out
+    picky = tmp_path / "picky.cpp"
+    picky.write_text((CPU_AFFINE % "").replace(
+        "  AT_DISPATCH", '  TORCH_CHECK(n < 1000, "too many");\n  AT_DISPATCH', 1))  # fmt: skip
+    code, rep = _run_generated(tmp_path, cand, picky)
+    refused = [c for c in rep["cases"] if "too many" in c["note"]]
+    assert code == 0 and rep["outcome"] == "pass" and refused, rep
+    assert all(c["ok"] is None for c in refused)
 
 
 def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo, tmp_path):
