@@ -1064,14 +1064,19 @@ def test_a_reference_that_refuses_every_case_is_no_mismatch(refrepo, tmp_path):
     code, rep = _run_generated(tmp_path, cand, good, KMINER_REFERENCE=str(refusing))
     assert code != 0 and rep["outcome"] == "no_cases", rep
     assert rep["cases"] and all(c["ok"] is None for c in rep["cases"])
-    # the label's own host code refusing an input (no kernel ran): that case is left out
-    picky = tmp_path / "picky.cpp"
-    picky.write_text((CPU_AFFINE % "").replace(
-        "  AT_DISPATCH", '  TORCH_CHECK(n < 1000, "too many");\n  AT_DISPATCH', 1))  # fmt: skip
-    code, rep = _run_generated(tmp_path, cand, picky)
-    refused = [c for c in rep["cases"] if "too many" in c["note"]]
-    assert code == 0 and rep["outcome"] == "pass" and refused, rep
-    assert all(c["ok"] is None for c in refused)
+    # the label's own host code refusing an input kminer made (rows past the recorded 1000),
+    # before any kernel ran: that case is left out; refusing a recorded call fails the test
+    for limit, passes in ((1001, True), (999, False)):
+        picky = tmp_path / f"picky{limit}.cpp"
+        check = f'  TORCH_CHECK(n < {limit}, "too many");\n  AT_DISPATCH'
+        picky.write_text((CPU_AFFINE % "").replace("  AT_DISPATCH", check, 1))
+        code, rep = _run_generated(tmp_path, cand, picky)
+        refused = [c for c in rep["cases"] if "too many" in c["note"]]
+        if passes:
+            assert code == 0 and rep["outcome"] == "pass" and refused, rep
+            assert all(c["ok"] is None and not c["id"].startswith("recorded_") for c in refused)
+        else:
+            assert code != 0 and rep["outcome"] != "pass", rep
 
 
 def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo, tmp_path):
