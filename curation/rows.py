@@ -14,6 +14,7 @@ A row whose text holds something that looks like a credential is never written (
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -24,6 +25,7 @@ from datasets import Features, Sequence, Value
 from curation.instructions import Instructions
 from miner import __version__
 from miner.candidate import Candidate, StageName
+from testgen.standalone.runner import outside_cases
 
 FEATURES = Features(
     {
@@ -237,6 +239,15 @@ def _is_url(text: str) -> bool:
     return "://" in text or text.startswith("git@")
 
 
+def with_outside(test_code: str, cases: list) -> str:
+    """The test as published: the cases its label's verification found outside the op's
+    contract embedded, so the row's test leaves out what the verified run left out."""
+    outside = outside_cases(cases)
+    if not outside:
+        return test_code
+    return test_code.replace("\nOUTSIDE = {}\n", f"\nOUTSIDE = {json.dumps(outside)}\n", 1)
+
+
 def _text(workdir: Path, rel: str) -> str:
     path = workdir / rel if rel else None
     return path.read_text(encoding="utf-8", errors="replace") if path and path.is_file() else ""
@@ -274,7 +285,7 @@ def build_row(
         "instruction": inst.instruction,
         "instruction_complete": inst.instruction_complete,
         "label": public(label_text),
-        "test_code": public(_text(workdir, cand.tests.path)),
+        "test_code": public(with_outside(_text(workdir, cand.tests.path), metrics.get("cases"))),
         "reference_code": public(_text(workdir, cand.reference.path)),
         "reference_kind": cand.reference.kind,
         "kernel_name": k.name,

@@ -48,7 +48,7 @@ class BaseCall:
 @dataclass
 class CasePlan:
     base: list[BaseCall] = field(default_factory=list)
-    cases: list[dict] = field(default_factory=list)  # {"id", "base", "dtype", "edge"}
+    cases: list[dict] = field(default_factory=list)  # {"id", "base", "dtype", "edge", "made"...}
     dtypes: list[str] = field(default_factory=list)
     shapes: int = 0
 
@@ -397,12 +397,13 @@ def plan(
     if not base:
         return out
 
-    def add(cid, b, dtype=None, edge=None, tile=None, flag=None, was=None):
+    def add(cid, b, dtype=None, edge=None, tile=None, flag=None, was=None, as_recorded=False):
         case = {"id": cid, "base": b, "dtype": dtype, "edge": edge, "tile": tile}
+        case["made"] = not as_recorded  # inputs kminer made or changed (rows, values, dtype...)
         out.cases.append(case | ({"flag": flag, "was": was} if flag is not None else {}))
 
-    for i, _ in enumerate(base):
-        add(f"{'generated' if made else 'recorded'}_{i}", i)
+    for i, b in enumerate(base):
+        add(f"{'generated' if made else 'recorded'}_{i}", i, as_recorded=not (made or b.derived))
     shapes = {shape_key(b.args) for b in base}
     for k, b in enumerate(derived):  # made at the binding (binding_variants)
         if shape_key(b.args) not in shapes:

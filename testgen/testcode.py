@@ -126,7 +126,7 @@ def render_test(
             tolerances_py=pformat(TOLERANCES, width=92),
             cases_py=pformat(
                 [
-                    {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag")}
+                    {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag", "made")}
                     | ({"was": c["was"]} if c.get("flag") is not None else {})
                     for c in plan.cases
                 ],

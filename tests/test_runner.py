@@ -131,6 +131,11 @@ BATCH = [
     {"id": "asserts", "label": fake("asserts")},
     {"id": "noref", "label": fake("pass"), "reference": False},
     {"id": "short", "label": fake("pass"), "min_cases": 6, "min_shapes": 2},
+    {  # the label's run finds case_1 outside the contract; its variants' runs leave it out
+        "id": "calibrated",
+        "label": fake("calibrated"),
+        "variants": [("no_write", fake("v_calibrated")), ("no_write", fake("v_mismatch"))],
+    },
     {  # every wrong variant fails to build: the test's strength is unmeasured
         "id": "unmeasured",
         "label": fake("pass"),
@@ -209,6 +214,7 @@ def test_batch_completes_with_every_outcome(batch):
         "alternate": ("pass", "run"),
         "short": ("weak_test", "run"),
         "unmeasured": ("weak_test", "run"),
+        "calibrated": ("pass", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -218,6 +224,18 @@ def test_batch_completes_with_every_outcome(batch):
     }
     assert results["started"].startswith("20") and "T" in results["started"]
     assert proc.stdout.count("\n") == len(BATCH)  # one progress line per entry
+
+
+def test_variants_leave_out_the_cases_the_labels_run_found_outside_the_contract(batch):
+    """The label's run calibrates (KMINER_CALIBRATE): case_1 is outside the op's contract. A
+    variant that differs from the label there only passes (KMINER_OUTSIDE), so the next of
+    its kind is tried, and kills."""
+    entry = batch[1]["entries"]["calibrated"]
+    case_1 = next(c for c in entry["cases"] if c["id"] == "case_1")
+    assert case_1["ok"] is None and case_1["note"].startswith(runner.OUTSIDE_NOTE)
+    assert runner.outside_cases(entry["cases"]) == {"case_1": case_1["note"][len("invalid: ") :]}
+    assert [v["outcome"] for v in entry["variants"]] == ["pass", "mismatch"]
+    assert entry["kill_rate"] == 1.0
 
 
 def test_entry_fields(batch):
@@ -284,7 +302,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources = {fake(n).read_bytes() for n in ("pass", "v_mismatch", "v_nobuild", "v_segv")}
     sources |= {fake(n).read_bytes() for n in ("v_pass", "mismatch", "segv", "hang", "nobuild")}
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
-    assert len(builds) == len(sources) == 13
+    sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated")}
+    assert len(builds) == len(sources) == 15
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

@@ -784,7 +784,7 @@ def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_pat
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None, "made": True}
     x = torch.full((4,), 400.0, dtype=torch.float16)
     base = [[x, torch.zeros(4, dtype=torch.float16), False]]
     label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x * x), 4][1]})
@@ -807,9 +807,11 @@ def test_an_enlarged_case_whose_reference_overflows_is_left_out(refrepo, tmp_pat
     exp = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x.exp()), None][1])
     finite = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.fill_(1e300), 0][1]})
     case = {"id": "edge_large", "base": 0, "dtype": None, "edge": "large", "tile": None}
+    case["made"] = True
     left_out = module._run_case(case, base, finite, exp)
     assert left_out["ok"] is None and "overflows on enlarged values" in left_out["note"]
-    recorded = module._run_case({**case, "id": "recorded_0", "edge": None}, base, finite, exp)
+    recorded = {**case, "id": "recorded_0", "edge": None, "made": False}
+    recorded = module._run_case(recorded, base, finite, exp)
     assert recorded["ok"] is False
 
 
@@ -820,7 +822,7 @@ def test_a_case_a_python_reference_asserts_against_is_left_out(refrepo, tmp_path
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None, "made": True}
     base = [[torch.ones(4), torch.zeros(4), False], [torch.ones(5), torch.zeros(5), False]]
 
     def picky(x, out, flag):
@@ -843,6 +845,7 @@ def test_a_recorded_dtype_the_labels_dispatch_leaves_out_is_not_a_crash(refrepo,
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
     case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case["made"] = False
     base = [[torch.ones(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16), False]]
 
     def dispatch(x, out, flag):
@@ -979,7 +982,14 @@ def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case = {
+        "id": "flag2_flipped_of_0",
+        "base": 0,
+        "dtype": None,
+        "edge": None,
+        "tile": None,
+        "made": True,
+    }
     case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]  # recorded with True: the flipped call
 
@@ -1012,7 +1022,14 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "flag2_flipped_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case = {
+        "id": "flag2_flipped_of_0",
+        "base": 0,
+        "dtype": None,
+        "edge": None,
+        "tile": None,
+        "made": True,
+    }
     case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]
 
@@ -1122,3 +1139,43 @@ def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo,
     # read: it is left out as unrepeatable, never passed on the tampered values
     left_out = [c for c in rep["cases"] if c["ok"] is None and "reference gives" in c["note"]]
     assert len(left_out) == 1, rep
+
+
+def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp_path):
+    """Calibration (KMINER_CALIBRATE, the label's run): where the repository's own kernel and
+    its reference disagree on an input kminer made, the input is outside the op's contract,
+    and the case is left out with that note; on a recorded input the test still fails. The
+    variants' runs (KMINER_OUTSIDE) and the published row's test (embedded) leave it out."""
+    from curation.rows import with_outside
+    from testgen.standalone.runner import outside_cases
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    label = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2})
+    reference = SimpleNamespace(reference=lambda x: x * 3)  # they disagree on every input
+    base = [[torch.arange(1.0, 7.0)]]
+    made = {"id": "channels_x3", "base": 0, "dtype": None, "edge": None, "tile": None}
+    recorded = {**made, "id": "recorded_0", "made": False}
+    made["made"] = True
+    module.CALIBRATE = False
+    assert module._run_case(made, base, label, reference)["ok"] is False
+    module.CALIBRATE = True
+    out = module._run_case(made, base, label, reference)
+    assert out["ok"] is None and out["note"].startswith("invalid: outside the op's contract")
+    assert module._run_case(recorded, base, label, reference)["ok"] is False
+    agreeing = SimpleNamespace(reference=lambda x: x * 2)
+    assert module._run_case(made, base, label, agreeing)["ok"] is True  # nothing to excuse
+
+    found = outside_cases([out, {"id": "recorded_0", "note": "", "ok": False}])
+    assert list(found) == ["channels_x3"]
+    module.CALIBRATE = False
+    module.OUTSIDE.update(found)  # a variant's run: the label's finding, whatever it computes
+    again = module._run_case(made, base, label, reference)
+    assert again["ok"] is None and again["note"] == out["note"]
+    text = next((tmp_path / "tests").glob("*.py")).read_text()
+    published = with_outside(text, [out])
+    assert "\nOUTSIDE = {}\n" in text and "\nOUTSIDE = {}\n" not in published
+    assert with_outside(text, [{"id": "recorded_0", "note": "", "ok": False}]) == text
+    scope: dict = {}
+    exec(next(ln for ln in published.splitlines() if ln.startswith("OUTSIDE = {")), scope)
+    assert scope["OUTSIDE"] == found

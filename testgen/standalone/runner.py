@@ -33,6 +33,11 @@ Why it is shaped like this:
   [{"kind", "path", "outcome", "detail"}], "build_s", "run_s", "build_cached", "detail" (one
   line), "log_tail"}}}. A variant's outcome is one of the run outcomes, or `invalid` when it
   does not build.
+- The label's run calibrates the cases kminer made (KMINER_CALIBRATE=1): one on which the
+  repository's own kernel disagrees with its own reference is outside the op's contract (a
+  widened axis that was not channels, values the op does not take), reported invalid with
+  that note; the variants' runs leave those cases out (KMINER_OUTSIDE), and so does the
+  published row's test, which embeds them (curation.rows). A recorded case is never excused.
 - Wrong variants come in kinds (no_write, off_by_one, op_swap), best first within a kind. A kind
   is killed when the test fails one of its variants; a variant the test passes may be
   equivalent to the label (NMS's `start = tid + 1` -> `tid - 1` adds comparisons whose bits are
@@ -224,6 +229,20 @@ class Check:
     log: str = ""
 
 
+OUTSIDE_NOTE = "invalid: outside the op's contract"  # the test's note on such a case
+
+
+def outside_cases(cases) -> dict[str, str]:
+    """{case id: why} of the cases a label's run found outside the op's contract: inputs
+    kminer made on which the repository's own kernel disagrees with its own reference. The
+    test leaves them out of every later run (its variants', a published row's)."""
+    return {
+        c["id"]: c["note"].removeprefix("invalid: ")
+        for c in cases or []
+        if isinstance(c, dict) and str(c.get("note", "")).startswith(OUTSIDE_NOTE)
+    }
+
+
 def _digest(*paths: Path, extra: str = "") -> str:
     h = hashlib.sha256(extra.encode())
     for p in paths:
@@ -278,12 +297,17 @@ class Runner:
             _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
         return Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
 
-    def check(self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True) -> Check:
+    def check(
+        self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True, outside=None
+    ) -> Check:
         """One test run (`timed`: the label's; else a wrong variant's, which only reads the
-        reference outputs the label's run left in the test's cache folder)."""
+        reference outputs the label's run left in the test's cache folder, and leaves out the
+        cases the label's run found `outside` the op's contract)."""
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_STOP_EARLY"] = "0" if timed else "1"  # a variant's verdict: its first miss
+        env["KMINER_CALIBRATE"] = "1" if timed else "0"
+        env["KMINER_OUTSIDE"] = json.dumps(outside or {})
         env["KMINER_BUILD_DIR"] = str(build_dir)
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
@@ -345,11 +369,13 @@ class Runner:
             flush=True,
         )
 
-    def _variant(self, test: Path, path: Path, ref: Path, build_dir: Path) -> tuple[str, str]:
+    def _variant(
+        self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict
+    ) -> tuple[str, str]:
         """(outcome, detail) of the test on one wrong variant; `invalid` when it has no module."""
         if not path.is_file():
             return INVALID, "missing file"
-        c = self.check(test, path, ref, build_dir, False)
+        c = self.check(test, path, ref, build_dir, False, outside)
         no_module = c.outcome in ("build_error", "import_error")
         return (INVALID if c.phase == "build" or no_module else c.outcome), c.detail
 
@@ -390,13 +416,16 @@ class Runner:
             res["_sources"] = sources
             self.on_progress(eid, res)
         ran = {v.get("path"): v for v in res["variants"]}
+        outside = outside_cases(res["cases"])
         tried, killed = set(), set()  # kinds with a valid variant run / with one killed
         for kind, group in _by_kind(entry.get("variants") or []):
             for v in group:
                 if v["path"] in ran:  # run in an earlier call
                     out = ran[v["path"]].get("outcome", INVALID)
                 else:
-                    out, detail = self._variant(test, self.bundle / v["path"], ref, build_dir)
+                    out, detail = self._variant(
+                        test, self.bundle / v["path"], ref, build_dir, outside
+                    )
                     res["variants"].append(
                         {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
                     )
