@@ -30,6 +30,7 @@ MAX_ELEMENTS = 1 << 20  # per call: larger recorded inputs are left out of the t
 MAX_FLAG_FLIPS = 3  # calls with a boolean argument the recorded calls never vary, flipped
 MAX_MODE_CROSSES = 4  # calls with a string mode at a kind of shape it was never recorded with
 MAX_MODE_EDGES = 6  # modes (scalar arguments) whose first call also gets a x LARGE case
+MAX_SELECTED_CALLS = 4  # base calls (one per shape) run again with a kernel-selecting value
 _HALF = re.compile(r"AT_DISPATCH_FLOATING_TYPES_AND_HALF|AT_DISPATCH_FLOATING_TYPES_AND2?\s*\(")
 _FLOATING = re.compile(r"AT_DISPATCH_FLOATING_TYPES|AT_DISPATCH_ALL_TYPES")
 
@@ -43,6 +44,7 @@ class BaseCall:
     more: bool = False  # derived: `rows` rows drawn from those of base call `rows_of`
     call: RecordedCall | None = None  # the repository's call it was carried down from
     derived: str = ""  # how the binding call was changed before it was carried down
+    selects: bool = False  # derived: an argument set to the value that launches the kernel
 
 
 @dataclass
@@ -382,12 +384,21 @@ def _row_evidence(base: list[BaseCall]) -> list:
     return out
 
 
+def _distinct_shapes(base: list[BaseCall]) -> list[int]:
+    """The first base call of each shape."""
+    firsts: dict = {}
+    for i, b in enumerate(base):
+        firsts.setdefault(shape_key(b.args), i)
+    return list(firsts.values())
+
+
 def plan(
     base: list[BaseCall],
     dtypes: list[str],
     names: list[str] | None = None,
     derived: list[BaseCall] = (),
     made: bool = False,
+    selectors: list[tuple[int, int]] = (),
 ) -> CasePlan:
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
@@ -440,6 +451,13 @@ def plan(
         value = re.sub(r"\W", "_", args[i])[:20]
         dtype = _full(args, dtypes)
         add(f"mode{i}_{value}_of_{k}", len(out.base) - 1, dtype, flag=i, was=was)
+    for i, value in selectors:  # the value that makes the host code launch this kernel
+        for k in _distinct_shapes(base)[:MAX_SELECTED_CALLS]:
+            args = [*base[k].args]
+            args[i] = value
+            how = f"argument {i} set to {value}, which launches the kernel"
+            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
+            add(f"select{i}_{value}_of_{k}", len(out.base) - 1)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

@@ -41,6 +41,7 @@ from testgen.made_inputs import (
 from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
+from testgen.selectors import kernel_selectors
 from testgen.sibling_calls import sibling_calls
 from testgen.testcode import order_free_reason, render_test
 from testgen.variants import VariantKind, derive_variants
@@ -279,14 +280,18 @@ def generate_for(
         return
     params = [n for _, n in sig] if sig else refs.params_of(function)
     derived = binding_variants(base, cand, refs)
-    case_plan = plan(base, label_dtypes(label_text), params, derived, made=bool(made_by))
+    selectors = kernel_selectors(label_text, cand.kernel.name, params or [], [b.args for b in base])
+    case_plan = plan(
+        base, label_dtypes(label_text), params, derived, made=bool(made_by), selectors=selectors
+    )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))
     text = render_test(cand, function, case_plan, reference_text, order_free, made_by, sorted_last)
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")
-    dead = _dead_branches(cand, label_text, function, params, base)
+    selected = [b for b in case_plan.base if b.selects]  # they reach the kernel's branches too
+    dead = _dead_branches(cand, label_text, function, params, [*base, *selected])
     variants, kinds = _write_variants(cand, label_text, workdir, dead)
     recorded_dtypes = {
         str(a.dtype).removeprefix("torch.")

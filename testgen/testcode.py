@@ -62,6 +62,9 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     elif case.get("flag") is not None:
         what = f"{call} 0 ({base.origin}) with its boolean argument {case['flag']} flipped "
         what += f"(a mode the recorded calls never ask for), tensors {shapes}"
+    elif base.selects:
+        what = f"{call} {base.rows_of} ({base.origin}) with its {base.derived} (the recorded "
+        what += f"calls launch another), tensors {shapes}"
     elif base.derived:
         what = f"{call} {base.rows_of} ({base.origin}) with {base.derived} at the "
         what += f"binding `{base.call.function}`, carried down: tensors {shapes}"
