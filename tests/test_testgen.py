@@ -1179,3 +1179,49 @@ def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp
     scope: dict = {}
     exec(next(ln for ln in published.splitlines() if ln.startswith("OUTSIDE = {")), scope)
     assert scope["OUTSIDE"] == found
+
+
+def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_moves(
+    refrepo, tmp_path
+):
+    """pytorch3d's face normals: a near-degenerate triangle's normal moves past the tolerance
+    when the vertices move by an ulp, so a kernel that rounds otherwise (a fused multiply-add)
+    differs there. Such elements are allowed the reference's own move under a few-ulp
+    perturbation of its inputs; a wrong value where the result is well conditioned still fails,
+    and so does an integer output the perturbation never moves."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case["made"] = False
+    x = torch.tensor([1.0, 1.0 + 2**-23, 1.0 + 2**-22, 1.0 - 2**-24])
+    base = [[x]]
+
+    def amplified(v, wide):  # cancels the leading digits: only the last bits of v are left
+        big = (v.double() if wide else v) * 3e7
+        return [(big - 3e7).float(), v * 2, torch.argmin((v - 1.0).abs()[:2]).reshape(1)]
+
+    reference = SimpleNamespace(reference=lambda v: amplified(v, False))
+    label = SimpleNamespace(**{module.FUNCTION: lambda v: amplified(v, True)})
+    plain = module._compare(
+        module._outputs([x.clone()], label.__dict__[module.FUNCTION](x.clone())),
+        module._outputs([x.clone()], reference.reference(x.clone())),
+        "float32",
+    )
+    assert not plain[0]  # the rounding alone fails the plain comparison
+    result = module._run_case(case, base, label, reference)
+    assert result["ok"] is True and result["note"].startswith("ill-conditioned"), result
+
+    def wrong(v):  # off where the result is well conditioned
+        out = amplified(v, True)
+        return [out[0], v * 2 + 1e-2, out[2]]
+
+    bad = SimpleNamespace(**{module.FUNCTION: wrong})
+    assert module._run_case(case, base, bad, reference)["ok"] is False
+
+    def far_index(v):  # an index no few-ulp move of the inputs makes the reference pick
+        out = amplified(v, True)
+        return [out[0], out[1], torch.tensor([3])]
+
+    far = SimpleNamespace(**{module.FUNCTION: far_index})
+    steady = SimpleNamespace(reference=lambda v: [*amplified(v, False)[:2], torch.tensor([0])])
+    assert module._run_case(case, base, far, steady)["ok"] is False
