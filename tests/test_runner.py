@@ -136,6 +136,11 @@ BATCH = [
         "label": fake("calibrated"),
         "variants": [("no_write", fake("v_calibrated")), ("no_write", fake("v_mismatch"))],
     },
+    {  # the label faults on case_3, which kminer made: its run is made again without it
+        "id": "faulted",
+        "label": fake("faults"),
+        "variants": [("no_write", fake("v_mismatch"))],
+    },
     {  # every wrong variant fails to build: the test's strength is unmeasured
         "id": "unmeasured",
         "label": fake("pass"),
@@ -215,6 +220,7 @@ def test_batch_completes_with_every_outcome(batch):
         "short": ("weak_test", "run"),
         "unmeasured": ("weak_test", "run"),
         "calibrated": ("pass", "run"),
+        "faulted": ("pass", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -236,6 +242,19 @@ def test_variants_leave_out_the_cases_the_labels_run_found_outside_the_contract(
     assert runner.outside_cases(entry["cases"]) == {"case_1": case_1["note"][len("invalid: ") :]}
     assert [v["outcome"] for v in entry["variants"]] == ["pass", "mismatch"]
     assert entry["kill_rate"] == 1.0
+
+
+def test_a_label_faulting_on_a_made_case_runs_again_without_it(batch):
+    """A CUDA fault ends the label's process; the case it faulted on was made by kminer, so
+    the label runs again without it, and that run's verdict stands, with the case's reason."""
+    _, results, log, _ = batch
+    entry = results["entries"]["faulted"]
+    assert runner.outside_cases(entry["cases"]) == {
+        "case_3": "outside the op's contract: the kernel faults"
+    }
+    assert entry["kill_rate"] == 1.0
+    label_runs = [line for line in log if line[0] == "run" and line[1] == "faulted.cu"]
+    assert len(label_runs) == 2
 
 
 def test_entry_fields(batch):
@@ -302,8 +321,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources = {fake(n).read_bytes() for n in ("pass", "v_mismatch", "v_nobuild", "v_segv")}
     sources |= {fake(n).read_bytes() for n in ("v_pass", "mismatch", "segv", "hang", "nobuild")}
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
-    sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated")}
-    assert len(builds) == len(sources) == 15
+    sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
+    assert len(builds) == len(sources) == 16
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

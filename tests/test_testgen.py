@@ -1225,3 +1225,30 @@ def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_move
     far = SimpleNamespace(**{module.FUNCTION: far_index})
     steady = SimpleNamespace(reference=lambda v: [*amplified(v, False)[:2], torch.tensor([0])])
     assert module._run_case(case, base, far, steady)["ok"] is False
+
+
+def test_a_fault_on_a_made_case_is_named_for_the_runner_to_leave_it_out(refrepo, tmp_path):
+    """A CUDA fault ends the process (the context is lost): in the label's calibrating run,
+    one on an input kminer made is named in the report (`outside_crash`) and still raised;
+    on a recorded input, or outside calibration, nothing is named."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+
+    def faulting(v):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    label = SimpleNamespace(**{module.FUNCTION: faulting})
+    reference = SimpleNamespace(reference=lambda v: v * 2)
+    base = [[torch.ones(4)]]
+    made = {"id": "rows2_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    made["made"] = True
+    for calibrate, case, named in ((True, made, True), (True, {**made, "made": False}, False),
+                                   (False, made, False)):  # fmt: skip
+        module.CALIBRATE = calibrate
+        module.REPORT.pop("outside_crash", None)
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            module._run_case(case, base, label, reference)
+        found = module.REPORT.get("outside_crash") or {}
+        assert (list(found) == ["rows2_of_0"]) is named, (calibrate, case["made"])
+        if named:
+            assert found["rows2_of_0"].startswith("outside the op's contract: the repository's")

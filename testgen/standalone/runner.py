@@ -37,7 +37,9 @@ Why it is shaped like this:
   repository's own kernel disagrees with its own reference is outside the op's contract (a
   widened axis that was not channels, values the op does not take), reported invalid with
   that note; the variants' runs leave those cases out (KMINER_OUTSIDE), and so does the
-  published row's test, which embeds them (curation.rows). A recorded case is never excused.
+  published row's test, which embeds them (curation.rows). A made case the kernel faults on
+  (an illegal address: the process cannot go on) is named in the report, and the label's run
+  is made again without it. A recorded case is never excused.
 - Wrong variants come in kinds (no_write, off_by_one, op_swap), best first within a kind. A kind
   is killed when the test fails one of its variants; a variant the test passes may be
   equivalent to the label (NMS's `start = tid + 1` -> `tid - 1` adds comparisons whose bits are
@@ -81,6 +83,7 @@ OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout
 OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases")
 OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
+MAX_FAULTED_CASES = 3  # label runs again without a made case it faulted on, at most this often
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
 CUDA_ERROR = re.compile(
     r"illegal memory access|unspecified launch failure|device-side assert|misaligned address"
@@ -369,6 +372,20 @@ class Runner:
             flush=True,
         )
 
+    def calibrated_label(self, test: Path, impl: Path, ref: Path, build_dir: Path) -> Check:
+        """The label's run; where it faulted on a case kminer made (the report names it under
+        `outside_crash`: the CUDA context was lost with it), run again without that case, up
+        to MAX_FAULTED_CASES times."""
+        outside: dict[str, str] = {}
+        label = self.check(test, impl, ref, build_dir, outside=outside)
+        for _ in range(MAX_FAULTED_CASES):
+            faulted = label.report.get("outside_crash") if label.outcome == "crash" else None
+            if not isinstance(faulted, dict) or not faulted or set(faulted) <= set(outside):
+                break
+            outside.update({str(k): str(v) for k, v in faulted.items()})
+            label = self.check(test, impl, ref, build_dir, outside=outside)
+        return label
+
     def _variant(
         self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict
     ) -> tuple[str, str]:
@@ -402,7 +419,7 @@ class Runner:
             res.update(prior)  # the label passed in an earlier call: its variants go on
             res["variants"] = list(prior.get("variants") or [])
         else:
-            label = self.check(test, impl, ref, build_dir)
+            label = self.calibrated_label(test, impl, ref, build_dir)
             res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
             res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
             res.update(log_tail=label.log[-LOG_TAIL:])
