@@ -1252,3 +1252,26 @@ def test_a_fault_on_a_made_case_is_named_for_the_runner_to_leave_it_out(refrepo,
         assert (list(found) == ["rows2_of_0"]) is named, (calibrate, case["made"])
         if named:
             assert found["rows2_of_0"].startswith("outside the op's contract: the repository's")
+
+
+def test_an_integer_output_may_take_only_the_references_own_picks(refrepo, tmp_path):
+    """Where a few-ulp move of the inputs flips the reference's integer result (a value at a
+    threshold), the label may take either pick there, never another value: a kernel that
+    leaves the output unwritten (poison bytes) still fails."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
+    case["made"] = False
+    x = torch.tensor([1.0, 2.0, 0.5, 1.0 + 2**-23])
+    reference = SimpleNamespace(reference=lambda v: (v > 1.0).long())
+    flipped = SimpleNamespace(**{module.FUNCTION: lambda v: (v >= 1.0).long()})  # the tie
+    result = module._run_case(case, [[x]], flipped, reference)
+    assert result["ok"] is True and result["note"].startswith("ill-conditioned"), result
+
+    def unwritten(v):
+        out = (v > 1.0).long()
+        out[0] = 0x5A5A5A5A5A5A5A5A  # the element the tie decides, never written
+        return out
+
+    garbage = SimpleNamespace(**{module.FUNCTION: unwritten})
+    assert module._run_case(case, [[x]], garbage, reference)["ok"] is False
