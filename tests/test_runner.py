@@ -257,6 +257,16 @@ def test_a_label_faulting_on_a_made_case_runs_again_without_it(batch):
     assert len(label_runs) == 2
 
 
+def test_a_surviving_variant_keeps_the_cases_it_passed(batch):
+    """A weak test's surviving variant says where the test looked: its cases; a killed one's
+    verdict needs no more than its detail."""
+    variants = batch[1]["entries"]["weak"]["variants"]
+    survivor = next(v for v in variants if v["outcome"] == "pass")
+    assert [c["id"] for c in survivor["cases"]] == [c["id"] for c in FAKE_CASES]
+    assert all(set(c) == {"id", "ok", "note"} for c in survivor["cases"])
+    assert all("cases" not in v for v in variants if v["outcome"] != "pass")
+
+
 def test_entry_fields(batch):
     entries = batch[1]["entries"]
     good = entries["good"]

@@ -386,15 +386,22 @@ class Runner:
             label = self.check(test, impl, ref, build_dir, outside=outside)
         return label
 
-    def _variant(
-        self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict
-    ) -> tuple[str, str]:
-        """(outcome, detail) of the test on one wrong variant; `invalid` when it has no module."""
+    def _variant(self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict) -> dict:
+        """{"outcome", "detail"} of the test on one wrong variant (`invalid` when it has no
+        module); one the test passes keeps its cases, {"id", "ok", "note"} each, which say
+        where the test looked and saw nothing wrong."""
         if not path.is_file():
-            return INVALID, "missing file"
+            return {"outcome": INVALID, "detail": "missing file"}
         c = self.check(test, path, ref, build_dir, False, outside)
         no_module = c.outcome in ("build_error", "import_error")
-        return (INVALID if c.phase == "build" or no_module else c.outcome), c.detail
+        out = {"outcome": INVALID if c.phase == "build" or no_module else c.outcome}
+        out["detail"] = c.detail
+        cases = c.report.get("cases") if out["outcome"] == "pass" else None
+        if isinstance(cases, list):
+            out["cases"] = [
+                {k: x.get(k) for k in ("id", "ok", "note")} for x in cases if isinstance(x, dict)
+            ]
+        return out
 
     def process(self, entry: dict) -> dict:
         """The results.json entry of one manifest entry (never raises but `Interrupted`)."""
@@ -440,12 +447,9 @@ class Runner:
                 if v["path"] in ran:  # run in an earlier call
                     out = ran[v["path"]].get("outcome", INVALID)
                 else:
-                    out, detail = self._variant(
-                        test, self.bundle / v["path"], ref, build_dir, outside
-                    )
-                    res["variants"].append(
-                        {"kind": kind, "path": v["path"], "outcome": out, "detail": detail}
-                    )
+                    ran_v = self._variant(test, self.bundle / v["path"], ref, build_dir, outside)
+                    out = ran_v["outcome"]
+                    res["variants"].append({"kind": kind, "path": v["path"], **ran_v})
                     self.on_progress(eid, res)
                 if out == INVALID:
                     continue  # does not build: the next of its kind stands in
