@@ -687,6 +687,11 @@ def test_order_free_test_passes_any_order_and_fails_a_lost_value(refrepo, tmp_pa
     assert code != 0 and rep["outcome"] == "mismatch", rep
 
 
+def _case(cid: str, made: bool, **fields) -> dict:
+    """A case of the plan as the generated test holds it (testgen.cases.plan)."""
+    return {"id": cid, "base": 0, "dtype": None, "edge": None, "tile": None, "made": made} | fields
+
+
 def _generated_test_module(refrepo, tmp_path):
     """The compact kernel's generated test file, imported (its helpers, no test run)."""
     import importlib.util
@@ -784,7 +789,7 @@ def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_pat
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None, "made": True}
+    case = _case("c", made=True)
     x = torch.full((4,), 400.0, dtype=torch.float16)
     base = [[x, torch.zeros(4, dtype=torch.float16), False]]
     label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x * x), 4][1]})
@@ -806,8 +811,7 @@ def test_an_enlarged_case_whose_reference_overflows_is_left_out(refrepo, tmp_pat
     base = [[big, torch.zeros(4, dtype=torch.float64), False]]
     exp = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x.exp()), None][1])
     finite = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.fill_(1e300), 0][1]})
-    case = {"id": "edge_large", "base": 0, "dtype": None, "edge": "large", "tile": None}
-    case["made"] = True
+    case = _case("edge_large", made=True, edge="large")
     left_out = module._run_case(case, base, finite, exp)
     assert left_out["ok"] is None and "overflows on enlarged values" in left_out["note"]
     recorded = {**case, "id": "recorded_0", "edge": None, "made": False}
@@ -822,7 +826,7 @@ def test_a_case_a_python_reference_asserts_against_is_left_out(refrepo, tmp_path
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "c", "base": 0, "dtype": None, "edge": None, "tile": None, "made": True}
+    case = _case("c", made=True)
     base = [[torch.ones(4), torch.zeros(4), False], [torch.ones(5), torch.zeros(5), False]]
 
     def picky(x, out, flag):
@@ -844,8 +848,7 @@ def test_a_recorded_dtype_the_labels_dispatch_leaves_out_is_not_a_crash(refrepo,
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    case["made"] = False
+    case = _case("recorded_0", made=False)
     base = [[torch.ones(4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16), False]]
 
     def dispatch(x, out, flag):
@@ -982,14 +985,7 @@ def test_a_flipped_flag_is_judged_only_where_the_reference_depends_on_it(refrepo
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {
-        "id": "flag2_flipped_of_0",
-        "base": 0,
-        "dtype": None,
-        "edge": None,
-        "tile": None,
-        "made": True,
-    }
+    case = _case("flag2_flipped_of_0", made=True)
     case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]  # recorded with True: the flipped call
 
@@ -1022,14 +1018,7 @@ def test_a_flipped_mode_compares_only_what_the_label_writes_in_it(refrepo, tmp_p
 
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {
-        "id": "flag2_flipped_of_0",
-        "base": 0,
-        "dtype": None,
-        "edge": None,
-        "tile": None,
-        "made": True,
-    }
+    case = _case("flag2_flipped_of_0", made=True)
     case["flag"], case["was"] = 2, True
     base = [[torch.ones(4), torch.zeros(4), False]]
 
@@ -1154,9 +1143,8 @@ def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp
     label = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2})
     reference = SimpleNamespace(reference=lambda x: x * 3)  # they disagree on every input
     base = [[torch.arange(1.0, 7.0)]]
-    made = {"id": "channels_x3", "base": 0, "dtype": None, "edge": None, "tile": None}
-    recorded = {**made, "id": "recorded_0", "made": False}
-    made["made"] = True
+    made = _case("channels_x3", made=True)
+    recorded = _case("recorded_0", made=False)
     module.CALIBRATE = False
     assert module._run_case(made, base, label, reference)["ok"] is False
     module.CALIBRATE = True
@@ -1191,8 +1179,7 @@ def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_move
     and so does an integer output the perturbation never moves."""
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    case["made"] = False
+    case = _case("recorded_0", made=False)
     x = torch.tensor([1.0, 1.0 + 2**-23, 1.0 + 2**-22, 1.0 - 2**-24])
     base = [[x]]
 
@@ -1240,8 +1227,7 @@ def test_a_fault_on_a_made_case_is_named_for_the_runner_to_leave_it_out(refrepo,
     label = SimpleNamespace(**{module.FUNCTION: faulting})
     reference = SimpleNamespace(reference=lambda v: v * 2)
     base = [[torch.ones(4)]]
-    made = {"id": "rows2_of_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    made["made"] = True
+    made = _case("rows2_of_0", made=True)
     for calibrate, case, named in ((True, made, True), (True, {**made, "made": False}, False),
                                    (False, made, False)):  # fmt: skip
         module.CALIBRATE = calibrate
@@ -1260,8 +1246,7 @@ def test_an_integer_output_may_take_only_the_references_own_picks(refrepo, tmp_p
     leaves the output unwritten (poison bytes) still fails."""
     module = _generated_test_module(refrepo, tmp_path)
     module.DEVICE = "cpu"
-    case = {"id": "recorded_0", "base": 0, "dtype": None, "edge": None, "tile": None}
-    case["made"] = False
+    case = _case("recorded_0", made=False)
     x = torch.tensor([1.0, 2.0, 0.5, 1.0 + 2**-23])
     reference = SimpleNamespace(reference=lambda v: (v > 1.0).long())
     flipped = SimpleNamespace(**{module.FUNCTION: lambda v: (v >= 1.0).long()})  # the tie
