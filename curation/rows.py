@@ -25,7 +25,7 @@ from datasets import Features, Sequence, Value
 from curation.instructions import Instructions
 from miner import __version__
 from miner.candidate import Candidate, StageName
-from testgen.standalone.runner import outside_cases
+from testgen.standalone.runner import judged_cases, outside_cases
 
 FEATURES = Features(
     {
@@ -239,13 +239,19 @@ def _is_url(text: str) -> bool:
     return "://" in text or text.startswith("git@")
 
 
-def with_outside(test_code: str, cases: list) -> str:
-    """The test as published: the cases its label's verification found outside the op's
-    contract embedded, so the row's test leaves out what the verified run left out."""
-    outside = outside_cases(cases)
-    if not outside:
-        return test_code
-    return test_code.replace("\nOUTSIDE = {}\n", f"\nOUTSIDE = {json.dumps(outside)}\n", 1)
+def with_calibration(test_code: str, cases: list) -> str:
+    """The test as published, with what its label's verification found embedded: the cases
+    outside the op's contract, left out as the verified run left them out, and the cases the
+    label passed, on which a prediction that gives another result when run again fails (the
+    repository's kernel gave one result there) instead of being excused as nondeterministic."""
+    outside, judged = outside_cases(cases), judged_cases(cases)
+    if outside:
+        test_code = test_code.replace("\nOUTSIDE = {}\n", f"\nOUTSIDE = {json.dumps(outside)}\n", 1)
+    if judged:
+        test_code = test_code.replace(
+            "\nJUDGED = set()\n", f"\nJUDGED = set({json.dumps(judged)})\n", 1
+        )
+    return test_code
 
 
 def _text(workdir: Path, rel: str) -> str:
@@ -285,7 +291,9 @@ def build_row(
         "instruction": inst.instruction,
         "instruction_complete": inst.instruction_complete,
         "label": public(label_text),
-        "test_code": public(with_outside(_text(workdir, cand.tests.path), metrics.get("cases"))),
+        "test_code": public(
+            with_calibration(_text(workdir, cand.tests.path), metrics.get("cases"))
+        ),
         "reference_code": public(_text(workdir, cand.reference.path)),
         "reference_kind": cand.reference.kind,
         "kernel_name": k.name,

@@ -136,6 +136,11 @@ BATCH = [
         "label": fake("calibrated"),
         "variants": [("no_write", fake("v_calibrated")), ("no_write", fake("v_mismatch"))],
     },
+    {  # a variant that gives another result each run where the label passed: killed
+        "id": "judged",
+        "label": fake("pass"),
+        "variants": [("no_write", fake("v_unstable"))],
+    },
     {  # the label faults on case_3, which kminer made: its run is made again without it
         "id": "faulted",
         "label": fake("faults"),
@@ -221,6 +226,7 @@ def test_batch_completes_with_every_outcome(batch):
         "unmeasured": ("weak_test", "run"),
         "calibrated": ("pass", "run"),
         "faulted": ("pass", "run"),
+        "judged": ("pass", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
     assert {k: results[k] for k in ("gpu", "torch", "cuda")} == {
@@ -242,6 +248,16 @@ def test_variants_leave_out_the_cases_the_labels_run_found_outside_the_contract(
     assert runner.outside_cases(entry["cases"]) == {"case_1": case_1["note"][len("invalid: ") :]}
     assert [v["outcome"] for v in entry["variants"]] == ["pass", "mismatch"]
     assert entry["kill_rate"] == 1.0
+
+
+def test_a_variant_unstable_where_the_label_was_judged_is_killed(batch):
+    """The label passed case_2 (one result, the reference's): a variant that gives another
+    result each run there is not excused as nondeterministic (KMINER_JUDGED) but killed."""
+    entry = batch[1]["entries"]["judged"]
+    assert "case_2" in runner.judged_cases(entry["cases"])
+    assert [v["outcome"] for v in entry["variants"]] == ["mismatch"]
+    assert entry["kill_rate"] == 1.0
+    assert runner.judged_cases([{"id": "a", "ok": None}, {"id": "b", "ok": False}]) == []
 
 
 def test_a_label_faulting_on_a_made_case_runs_again_without_it(batch):
@@ -332,7 +348,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("v_pass", "mismatch", "segv", "hang", "nobuild")}
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
-    assert len(builds) == len(sources) == 16
+    sources |= {fake("v_unstable").read_bytes()}
+    assert len(builds) == len(sources) == 17
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)
@@ -749,3 +766,36 @@ def test_gpu_crash_hang_and_pass(tmp_path):
     assert again.returncode == 0, again.stderr
     rerun = json.loads((bundle / "again.json").read_text())["entries"]["good"]
     assert (rerun["outcome"], rerun["build_cached"], rerun["kill_rate"]) == ("pass", True, 1.0)
+
+
+def _template_functions(*names: str) -> dict:
+    """Functions of the generated test's template (plain Python between its Jinja fields),
+    run in a namespace of their own."""
+    text = (ROOT / "prompts" / "test_code.py.j2").read_text()
+    scope: dict = {}
+    exec("import torch\nDEVICE = 'cuda'\n", scope)
+    for name in names:
+        start = text.index(f"\ndef {name}(")
+        end = text.index("\ndef ", start + 1)
+        exec(text[start:end], scope)
+    return scope
+
+
+@pytest.mark.gpu
+def test_poison_fills_the_free_blocks_beside_live_tensors():
+    """The caching allocator hands out the smallest free block that fits: a leftover beside
+    live tensors, which holds an earlier output (a kernel that never writes its own would pass
+    with the last run's values). After _poison, a new allocation holds the poison byte."""
+    import torch
+
+    scope = _template_functions("_poison", "_free_blocks")
+    live = torch.arange(64.0, device="cuda")
+    stale = torch.full((64,), 7, dtype=torch.int64, device="cuda")  # beside `live`
+    after = torch.ones(64, device="cuda")
+    del stale
+    scope["_poison"]([64 * 8, 3 << 20], 0x5A)
+    fresh = torch.empty(64, dtype=torch.int64, device="cuda")
+    big = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")  # a new segment's worth
+    assert bool((fresh.view(torch.uint8) == 0x5A).all()), fresh[:4].tolist()
+    assert bool((big == 0x5A).all())
+    assert live.sum().item() == 2016.0 and after.sum().item() == 64.0  # live tensors untouched

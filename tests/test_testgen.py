@@ -1130,12 +1130,42 @@ def test_a_variants_run_reads_the_reference_outputs_the_labels_run_left(refrepo,
     assert len(left_out) == 1, rep
 
 
+def test_a_label_unstable_where_the_repositorys_kernel_was_judged_fails(refrepo, tmp_path):
+    """A kernel that reads memory it never wrote (NMS's host loop over an unwritten mask) gives
+    another result each run: excused as nondeterministic, unless the repository's kernel was
+    judged on that case (it passed there, KMINER_JUDGED; embedded in a published row's test),
+    where it fails. The verified run's passing cases are what gets embedded."""
+    from curation.rows import with_calibration
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    draws = iter(range(1, 100))
+    label = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2 + next(draws)})  # never repeats
+    reference = SimpleNamespace(reference=lambda x: x * 2)
+    base = [[torch.arange(1.0, 7.0)]]
+    case = _case("recorded_0", made=False)
+    out = module._run_case(case, base, label, reference)
+    assert out["ok"] is None and out["note"].startswith("invalid: nondeterministic")
+    module.JUDGED.add("recorded_0")
+    try:
+        assert module._run_case(case, base, label, reference)["ok"] is False
+    finally:
+        module.JUDGED.discard("recorded_0")
+    text = next((tmp_path / "tests").glob("*.py")).read_text()
+    passed = [{"id": "recorded_0", "ok": True, "note": ""}, {"id": "rows_3", "ok": None}]
+    published = with_calibration(text, passed)
+    scope: dict = {}
+    exec(next(ln for ln in published.splitlines() if ln.startswith("JUDGED = ")), scope)
+    assert scope["JUDGED"] == {"recorded_0"}
+    assert "\nJUDGED = set()\n" in text
+
+
 def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp_path):
     """Calibration (KMINER_CALIBRATE, the label's run): where the repository's own kernel and
     its reference disagree on an input kminer made, the input is outside the op's contract,
     and the case is left out with that note; on a recorded input the test still fails. The
     variants' runs (KMINER_OUTSIDE) and the published row's test (embedded) leave it out."""
-    from curation.rows import with_outside
+    from curation.rows import with_calibration
     from testgen.standalone.runner import outside_cases
 
     module = _generated_test_module(refrepo, tmp_path)
@@ -1161,9 +1191,9 @@ def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp
     again = module._run_case(made, base, label, reference)
     assert again["ok"] is None and again["note"] == out["note"]
     text = next((tmp_path / "tests").glob("*.py")).read_text()
-    published = with_outside(text, [out])
+    published = with_calibration(text, [out])
     assert "\nOUTSIDE = {}\n" in text and "\nOUTSIDE = {}\n" not in published
-    assert with_outside(text, [{"id": "recorded_0", "note": "", "ok": False}]) == text
+    assert with_calibration(text, [{"id": "recorded_0", "note": "", "ok": False}]) == text
     scope: dict = {}
     exec(next(ln for ln in published.splitlines() if ln.startswith("OUTSIDE = {")), scope)
     assert scope["OUTSIDE"] == found

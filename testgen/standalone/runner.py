@@ -37,7 +37,11 @@ Why it is shaped like this:
   repository's own kernel disagrees with its own reference is outside the op's contract (a
   widened axis that was not channels, values the op does not take), reported invalid with
   that note; the variants' runs leave those cases out (KMINER_OUTSIDE), and so does the
-  published row's test, which embeds them (curation.rows). A made case the kernel faults on
+  published row's test, which embeds them (curation.rows). The cases the label passed are
+  named too (KMINER_JUDGED, embedded the same way): there the repository's kernel gave the
+  reference's result, so a kernel under test that gives another one when run again (it reads
+  memory it never wrote: NMS's suppression mask) fails, it is not excused as nondeterministic.
+  A made case the kernel faults on
   (an illegal address: the process cannot go on) is named in the report, and the label's run
   is made again without it. A recorded case is never excused.
 - Wrong variants come in kinds (no_write, off_by_one, op_swap), best first within a kind. A kind
@@ -246,6 +250,16 @@ def outside_cases(cases) -> dict[str, str]:
     }
 
 
+def judged_cases(cases) -> list[str]:
+    """The ids of the cases a label's run passed: it gave the reference's result there, so a
+    later run may not excuse a difference there as the kernel's nondeterminism."""
+    return sorted(
+        str(c["id"])
+        for c in cases or []
+        if isinstance(c, dict) and c.get("ok") is True and "id" in c
+    )
+
+
 def _digest(*paths: Path, extra: str = "") -> str:
     h = hashlib.sha256(extra.encode())
     for p in paths:
@@ -301,16 +315,25 @@ class Runner:
         return Check(outcome, "build", p.seconds, report=p.report, detail=why, log=p.log)
 
     def check(
-        self, test: Path, impl: Path, ref: Path, build_dir: Path, timed=True, outside=None
+        self,
+        test: Path,
+        impl: Path,
+        ref: Path,
+        build_dir: Path,
+        timed=True,
+        outside=None,
+        judged=None,
     ) -> Check:
         """One test run (`timed`: the label's; else a wrong variant's, which only reads the
         reference outputs the label's run left in the test's cache folder, and leaves out the
-        cases the label's run found `outside` the op's contract)."""
+        cases the label's run found `outside` the op's contract, and may not excuse a miss on
+        a case it `judged` as nondeterminism)."""
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_STOP_EARLY"] = "0" if timed else "1"  # a variant's verdict: its first miss
         env["KMINER_CALIBRATE"] = "1" if timed else "0"
         env["KMINER_OUTSIDE"] = json.dumps(outside or {})
+        env["KMINER_JUDGED"] = json.dumps(list(judged or []))
         env["KMINER_BUILD_DIR"] = str(build_dir)
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
@@ -386,13 +409,15 @@ class Runner:
             label = self.check(test, impl, ref, build_dir, outside=outside)
         return label
 
-    def _variant(self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict) -> dict:
+    def _variant(
+        self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict, judged: list
+    ) -> dict:
         """{"outcome", "detail"} of the test on one wrong variant (`invalid` when it has no
         module); one the test passes keeps its cases, {"id", "ok", "note"} each, which say
         where the test looked and saw nothing wrong."""
         if not path.is_file():
             return {"outcome": INVALID, "detail": "missing file"}
-        c = self.check(test, path, ref, build_dir, False, outside)
+        c = self.check(test, path, ref, build_dir, False, outside, judged)
         no_module = c.outcome in ("build_error", "import_error")
         out = {"outcome": INVALID if c.phase == "build" or no_module else c.outcome}
         out["detail"] = c.detail
@@ -440,14 +465,16 @@ class Runner:
             res["_sources"] = sources
             self.on_progress(eid, res)
         ran = {v.get("path"): v for v in res["variants"]}
-        outside = outside_cases(res["cases"])
+        outside, judged = outside_cases(res["cases"]), judged_cases(res["cases"])
         tried, killed = set(), set()  # kinds with a valid variant run / with one killed
         for kind, group in _by_kind(entry.get("variants") or []):
             for v in group:
                 if v["path"] in ran:  # run in an earlier call
                     out = ran[v["path"]].get("outcome", INVALID)
                 else:
-                    ran_v = self._variant(test, self.bundle / v["path"], ref, build_dir, outside)
+                    ran_v = self._variant(
+                        test, self.bundle / v["path"], ref, build_dir, outside, judged
+                    )
                     out = ran_v["outcome"]
                     res["variants"].append({"kind": kind, "path": v["path"], **ran_v})
                     self.on_progress(eid, res)
