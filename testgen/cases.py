@@ -21,6 +21,7 @@ from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable
 from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
+from testgen.shape_selectors import resized
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
 MAX_BASE_CALLS = 8
@@ -399,6 +400,7 @@ def plan(
     derived: list[BaseCall] = (),
     made: bool = False,
     selectors: list[tuple[int, int]] = (),
+    sized: list[tuple[int, int, int]] = (),
 ) -> CasePlan:
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
@@ -458,6 +460,17 @@ def plan(
             how = f"argument {i} set to {value}, which launches the kernel"
             out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
             add(f"select{i}_{value}_of_{k}", len(out.base) - 1)
+    for i, dim, size in sized:  # the size of a dimension that makes it launch this kernel
+        calls = [
+            (k, resized(base[k].args, i, dim, size, MAX_ELEMENTS)) for k in _distinct_shapes(base)
+        ]
+        calls = [(k, args) for k, args in calls if args is not None]
+        if calls:
+            k, args = max(calls, key=lambda c: int(base[c[0]].args[i].shape[dim]))
+            how = f"dimension {dim} of argument {i} set to {size}, which launches the kernel"
+            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
+            shapes.add(shape_key(args))
+            add(f"select{i}_dim{dim}_{size}_of_{k}", len(out.base) - 1)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

@@ -42,6 +42,7 @@ from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
 from testgen.selectors import kernel_selectors
+from testgen.shape_selectors import shape_selectors
 from testgen.sibling_calls import sibling_calls
 from testgen.testcode import order_free_reason, render_test
 from testgen.variants import VariantKind, derive_variants
@@ -280,9 +281,11 @@ def generate_for(
         return
     params = [n for _, n in sig] if sig else refs.params_of(function)
     derived = binding_variants(base, cand, refs)
-    selectors = kernel_selectors(label_text, cand.kernel.name, params or [], [b.args for b in base])
+    args = [b.args for b in base]
+    selectors = kernel_selectors(label_text, cand.kernel.name, params or [], args)
+    sized = shape_selectors(label_text, cand.kernel.name, params or [], args)
     case_plan = plan(
-        base, label_dtypes(label_text), params, derived, made=bool(made_by), selectors=selectors
+        base, label_dtypes(label_text), params, derived, bool(made_by), selectors, sized
     )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))

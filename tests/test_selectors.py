@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from testgen.cases import BaseCall, plan
 from testgen.selectors import kernel_selectors
+from testgen.shape_selectors import resized, shape_selectors
 
 HOST = """
 template <typename T> __global__ void KernelV0(const T* x, T* y, int n) { y[0] = x[0]; }
@@ -78,3 +79,90 @@ def test_selecting_cases_run_each_shape_with_the_value_and_are_made_by_kminer():
     calls = [out.base[c["base"]] for c in picked]
     assert [b.args[3] for b in calls] == [0, 0] and all(b.selects for b in calls)
     assert all(not c["made"] for c in out.cases if c["id"].startswith("recorded_"))
+
+
+SIZED_HOST = """
+#define THREADS_PER_BLOCK 512
+template <typename T> __global__ void small_kernel(const T* v, T* g, int c) {}
+template <typename T> __global__ void multi_blocks_kernel(const T* v, T* g, int c) {}
+template <typename T> __global__ void global_mem_kernel(const T* v, T* g, int c) {}
+template <typename T> __global__ void any_kernel(const T* v, T* g, int c) {}
+
+void col2im(const float* v, float* g, const int channels) {
+  if (channels > THREADS_PER_BLOCK) {
+    if ((channels & THREADS_PER_BLOCK - 1) == 0) {
+      multi_blocks_kernel<float><<<1, 512>>>(v, g, channels);
+    } else {
+      global_mem_kernel<float><<<1, 512>>>(v, g, channels);
+    }
+  } else {
+    switch (channels) {
+      case 1:
+        small_kernel<float><<<1, 1>>>(v, g, channels);
+        break;
+      default:
+        global_mem_kernel<float><<<1, 512>>>(v, g, channels);
+    }
+  }
+}
+
+at::Tensor backward(const at::Tensor& value, const at::Tensor& grad_output, int step) {
+  const int channels = value.size(3);
+  auto grad_value = at::zeros_like(value);
+  col2im(value.data_ptr<float>(), grad_value.data_ptr<float>(), channels);
+  any_kernel<float><<<1, 32>>>(value.data_ptr<float>(), grad_value.data_ptr<float>(), channels);
+  return grad_value;
+}
+"""
+SIZED_NAMES = ["value", "grad_output", "step"]
+
+
+def _sized_call(channels: int):
+    import torch
+
+    value = torch.rand(1, 5, 2, channels)
+    return [value, torch.rand(1, 7, 2 * channels), 64]
+
+
+def test_the_tensor_size_whose_guards_launch_the_kernel():
+    """mmcv's multi-scale deformable attention backward: the kernel is chosen by the channel
+    count it reads from `value.size(3)`, through a helper that takes it by the same name."""
+    recorded = [_sized_call(c) for c in (30, 1025)]
+    # > 512 and a multiple of 512: 1024, the size of that kind nearest the recorded ones
+    assert shape_selectors(SIZED_HOST, "multi_blocks_kernel", SIZED_NAMES, recorded) == [
+        (0, 3, 1024)
+    ]
+    assert shape_selectors(SIZED_HOST, "small_kernel", SIZED_NAMES, recorded) == [(0, 3, 1)]
+    # launched by a recorded call already (1025 > 512, not a multiple), or under no guard
+    assert shape_selectors(SIZED_HOST, "global_mem_kernel", SIZED_NAMES, recorded) == []
+    assert shape_selectors(SIZED_HOST, "any_kernel", SIZED_NAMES, recorded) == []
+    # a guard on something other than a size or a constant is not read: the others decide
+    unknown = SIZED_HOST.replace("THREADS_PER_BLOCK - 1", "mask_bits")
+    assert shape_selectors(unknown, "multi_blocks_kernel", SIZED_NAMES, recorded) == []
+    small = [_sized_call(c) for c in (30, 100)]
+    assert shape_selectors(unknown, "multi_blocks_kernel", SIZED_NAMES, small) == [(0, 3, 513)]
+
+
+def test_a_resized_call_keeps_its_tensors_consistent():
+    import torch
+
+    call = _sized_call(30)
+    value, grad_output, step = resized(call, 0, 3, 1024, 1 << 20)
+    assert value.shape == (1, 5, 2, 1024) and grad_output.shape == (1, 7, 2048) and step == 64
+    assert torch.equal(value[..., :30], call[0])  # the recorded channels, then scaled copies
+    assert torch.allclose(value[..., 30:60], call[0] * 1.5)
+    heads = grad_output.reshape(1, 7, 2, 1024)  # num_heads * channels: each head widened
+    assert torch.equal(heads[..., :30], call[1].reshape(1, 7, 2, 30))
+    assert resized([*call[:2], 30], 0, 3, 1024, 1 << 20) is None  # the count passed on its own
+    assert resized(_sized_call(2), 0, 3, 1024, 1 << 20) is None  # too many axes share 2
+    assert resized(call, 0, 3, 1024, 10_000) is None  # past a test's size
+
+
+def test_sized_cases_are_made_calls_that_select():
+    base = [BaseCall(_sized_call(30), "tests/test_msda.py"), BaseCall(_sized_call(40), "t.py")]
+    out = plan(base, ["float32"], SIZED_NAMES, sized=[(0, 3, 1024)])
+    picked = [c for c in out.cases if c["id"].startswith("select")]
+    assert [c["id"] for c in picked] == ["select0_dim3_1024_of_1"]  # the larger recorded size
+    call = out.base[picked[0]["base"]]
+    assert call.selects and picked[0]["made"] and call.args[0].shape[3] == 1024
+    assert "dimension 3 of argument 0 set to 1024" in call.derived
