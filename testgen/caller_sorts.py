@@ -15,6 +15,8 @@ import ast
 import functools
 from pathlib import Path
 
+from testgen import pysources
+
 _SORTS = ("sort", "argsort", "msort")
 
 
@@ -34,9 +36,8 @@ def _index(repo: str) -> dict[str, str]:
         rel = path.relative_to(root).as_posix()
         if any(part.startswith(("test", ".")) for part in Path(rel).parts):
             continue
-        try:
-            tree = ast.parse(path.read_text("utf-8", errors="replace"))
-        except (OSError, SyntaxError, ValueError):
+        tree = pysources.tree(path)
+        if tree is None:
             continue
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -17,6 +17,7 @@ returned None. Built once per repository snapshot and kminer version (cached und
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -201,13 +202,15 @@ def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: i
     if index.is_file():
         return {k: Path(v) for k, v in json.loads(index.read_text()).items()}
     exts = capture(repo)
+    read = _reader(repo)  # one read per source, for the filter and the trim both
+    words = None
     if wanted is not None:  # an op the CPU build binds under its twin's name counts too
         words = wanted | {w.replace(a, b) for w in wanted for a, b in TWINS if a in w}
-        exts = [e for e in exts if any(_mentions(repo / s, words) for s in e.sources)]
+        exts = [e for e in exts if any(_mentions(read(s), words) for s in e.sources)]
     built, total = {}, 0
     for ext in exts:
         if total + len(ext.sources) > MAX_SOURCES:
-            ext = trimmed(repo, ext, words if wanted is not None else None, MAX_SOURCES - total)
+            ext = trimmed(repo, ext, words, MAX_SOURCES - total, read)
             if ext is None:
                 log.info("cpu twin: left out (over %d sources in all)", MAX_SOURCES)
                 continue
@@ -223,19 +226,18 @@ def cpu_extensions(repo: Path, cache_dir: Path, wanted: set[str] | None, jobs: i
 _MODULE_DEF = re.compile(r"\b(?:PYBIND11_MODULE|TORCH_LIBRARY(?:_FRAGMENT)?)\s*\(")
 
 
-def trimmed(repo: Path, ext: Extension, words: set[str] | None, budget: int) -> Extension | None:
+def trimmed(
+    repo: Path, ext: Extension, words: set[str] | None, budget: int, read=None
+) -> Extension | None:
     """`ext` cut to `budget` sources that can still run its ops on the CPU, or None: mmcv's and
     pytorch3d's one extension has a hundred C++ sources, and left out whole none of its CPU
     implementations ran behind the recorder. Kept first the sources that define the module
     (its bindings), then the CPU implementations (a `cpu` in their path) of the wanted ops,
     then the same-named source of each in another folder (mmcv's `pytorch/roi_align.cpp`,
-    which dispatches to `pytorch/cpu/roi_align.cpp`); what is cut becomes raising stubs."""
-    texts = {}
-    for src in ext.sources:
-        try:
-            texts[src] = (repo / src).read_text("utf-8", errors="replace")
-        except OSError:
-            texts[src] = ""
+    which dispatches to `pytorch/cpu/roi_align.cpp`); what is cut becomes raising stubs.
+    `read` gives a source's text (by its path in the repository)."""
+    read = read or _reader(repo)
+    texts = {src: read(src) for src in ext.sources}
 
     def wanted(src: str) -> bool:  # `roi_align_forward` in `roi_align_forward_cpu` too
         return words is None or any(w in texts[src] for w in words)
@@ -257,9 +259,18 @@ def trimmed(repo: Path, ext: Extension, words: set[str] | None, budget: int) -> 
     return Extension(ext.name, tuple(kept), ext.include_dirs, ext.defines, ext.cxx_args)
 
 
-def _mentions(path: Path, words: set[str]) -> bool:
-    try:
-        text = path.read_text("utf-8", errors="replace")
-    except OSError:
-        return False
+def _reader(repo: Path):
+    """A source's text by its path in `repo` ("" when unreadable), each file read once."""
+
+    @functools.cache
+    def read(src: str) -> str:
+        try:
+            return (repo / src).read_text("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    return read
+
+
+def _mentions(text: str, words: set[str]) -> bool:
     return any(re.search(rf"\b{re.escape(w)}\b", text) for w in words)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner import sandbox
+from testgen import pysources
 from testgen.standalone import RECORDER, RECORDER_PARTS
 
 log = logging.getLogger(__name__)
@@ -249,7 +250,7 @@ def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path], depth: int = 
     for path in sorted(repo.rglob("*.py")):
         if ".git" in path.parts or path in tests or not path.is_file():
             continue
-        sources[path] = path.read_text("utf-8", errors="replace")
+        sources[path] = pysources.text(path) or ""
     names: set[str] = set()
     level = set(wanted)
     for n in range(depth):
@@ -267,9 +268,8 @@ def _wrapper_names(repo: Path, wanted: set[str], tests: set[Path], depth: int = 
 
 
 def _public_names(text: str) -> set[str]:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    tree = pysources.parse(text)
+    if tree is None:
         return set()
     defined = set()
     for node in tree.body:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
+from testgen import pysources
 from testgen.inputs import RecordedCall, RefCall
 from testgen.sandbox import run_checker
 from testgen.standalone import REFCHECK
@@ -105,9 +106,8 @@ def _same_tensor(a, b) -> bool:
 
 def _signature(repo: Path, file: str, name: str) -> list[str] | None:
     """The function's parameter names (positional then keyword-only); None for *args."""
-    try:
-        tree = ast.parse((repo / file).read_text("utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+    tree = pysources.tree(repo / file)
+    if tree is None:
         return None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testgen import einops_lite, framework_lite
+from testgen import einops_lite, framework_lite, pysources
 
 ALLOWED_ROOTS = {"torch", "numpy"} | set(sys.stdlib_module_names)
 STAND_INS = {"einops": (Path(einops_lite.__file__), set(einops_lite.EXPORTS))}
@@ -32,8 +32,10 @@ MAX_ITEMS = 80  # names followed (mmcv's _filtered_lrelu_ref: 61, through bias_a
 class _Module:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.text = path.read_text("utf-8", errors="replace")
-        self.tree = ast.parse(self.text)
+        text, tree = pysources.text(path), pysources.tree(path)
+        if text is None or tree is None:
+            raise ValueError("not readable Python")
+        self.text, self.tree = text, tree
         self.defs: dict[str, ast.stmt] = {}
         self.imports: dict[str, tuple[ast.stmt, ast.alias]] = {}
         for node in self.tree.body:

@@ -1,0 +1,59 @@
+"""The repository's Python files, read and parsed once per process.
+
+Several stages read the same modules: the recorder's reach (which public names wrap an op),
+the sort finder (testgen/caller_sorts.py), a Python reference's signature and the vendoring of
+its helpers (testgen/vendor.py). mmcv has hundreds of Python files; each parse of all of them
+costs seconds, so the text and the tree of a file are kept, keyed by its path, size and time
+of change (an edited file is read again). Trees are shared: a caller reads them, never edits.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+
+def text(path: Path) -> str | None:
+    """The file's text (undecodable bytes replaced); None when it cannot be read."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _text(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def tree(path: Path) -> ast.Module | None:
+    """The file's syntax tree; None when it cannot be read or is not Python 3."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _tree(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def parse(source: str) -> ast.Module | None:
+    """A tree of text at hand (None when it is not Python 3), from the same cache."""
+    return _parse(source)
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(path: str, size: int, mtime: int) -> str | None:
+    try:
+        return Path(path).read_text("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _tree(path: str, size: int, mtime: int) -> ast.Module | None:
+    source = _text(path, size, mtime)
+    return None if source is None else _parse(source)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
