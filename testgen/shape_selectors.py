@@ -86,6 +86,8 @@ def _value(node: ast.AST, env: dict[str, int]) -> int:
         left, right = _value(node.left, env), _value(node.right, env)
         if isinstance(node.op, (ast.Div, ast.Mod)) and right == 0:
             raise _Unknown("division by zero")
+        if isinstance(node.op, (ast.LShift, ast.RShift)) and not 0 <= right < 64:
+            raise _Unknown("a shift past 64 bits")
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         inner = _value(node.operand, env)
@@ -118,7 +120,7 @@ def _python(cond: str) -> ast.AST | None:
     text = re.sub(r"\btrue\b", "1", re.sub(r"\bfalse\b", "0", text))
     try:
         return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
 
@@ -231,7 +233,7 @@ def shape_selectors(
 def _reaches(guards: list[tuple[ast.AST, bool]], env: dict[str, int]) -> bool:
     try:
         return all(bool(_value(g, env)) == holds for g, holds in guards)
-    except _Unknown:  # (a division by zero at this size)
+    except (_Unknown, RecursionError):  # (a division by zero at this size)
         return False
 
 

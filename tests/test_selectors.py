@@ -166,3 +166,19 @@ def test_sized_cases_are_made_calls_that_select():
     call = out.base[picked[0]["base"]]
     assert call.selects and picked[0]["made"] and call.args[0].shape[3] == 1024
     assert "dimension 3 of argument 0 set to 1024" in call.derived
+
+
+def test_guards_are_evaluated_as_c_integers_and_nothing_else_runs():
+    """kminer's evaluator, not Python's eval: the guard is the repository's text."""
+    from testgen.shape_selectors import _python, _reaches
+
+    def holds(cond: str, **env) -> bool:
+        return _reaches([(_python(cond), True)], env)
+
+    assert holds("(c & T - 1) == 0 && c > T", c=1024, T=512)
+    assert not holds("(c & T - 1) == 0 && c > T", c=1025, T=512)
+    assert holds("c / 2 == -3", c=-7)  # C's division truncates toward zero
+    assert holds("!(c % 4) && c != 0u", c=8)
+    assert not holds("c << 100000000", c=1)  # refused, not computed
+    assert not holds("__import__('os').system('true')", c=1)  # a call is no guard
+    assert not holds("(lambda: 1)()", c=1)
