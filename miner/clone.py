@@ -388,6 +388,29 @@ def _update_submodules(repo: Repo, env: dict[str, str], local: bool, deadline: f
         run_git(update, repo.working_tree_dir, env, _left(deadline))
 
 
+_SUBMODULE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def unfetched_submodules(root: Path) -> list[str]:
+    """The paths `.gitmodules` names whose folder is missing or empty: code that includes them
+    (a header-only library a CPU reference needs: pytorch_sparse's parallel-hashmap) does not
+    build until they are fetched (`kminer mine --submodules`)."""
+    try:
+        text = (root / ".gitmodules").read_text("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for rel in _SUBMODULE_PATH.findall(text):
+        folder = root / rel
+        try:
+            empty = not folder.is_dir() or next(folder.iterdir(), None) is None
+        except OSError:
+            empty = True
+        if empty and ".." not in Path(rel).parts:
+            out.append(rel)
+    return out
+
+
 def _require_commits(repo: Repo, url: str, need_head: bool) -> None:
     has_refs = bool(repo.git.for_each_ref("--count=1"))
     if _head(repo) is not None or (has_refs and not need_head):

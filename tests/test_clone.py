@@ -516,3 +516,23 @@ def test_stale_staging_is_removed_and_live_staging_kept(up, tmp_path):
     (work / "notes").write_text("mine")
     fetch_repo(str(up.path), work)  # a rerun cleans too, and touches nothing else
     assert (work / "notes").read_text() == "mine" and live.exists()
+
+
+def test_unfetched_submodules_are_named(tmp_path):
+    """A submodule left out of the clone (kminer fetches them only with --submodules) is named,
+    so a CPU reference that includes it and does not build says why."""
+    from miner.clone import unfetched_submodules
+
+    (tmp_path / ".gitmodules").write_text(
+        '[submodule "third_party/parallel-hashmap"]\n'
+        "\tpath = third_party/parallel-hashmap\n"
+        "\turl = https://github.com/greg7mdp/parallel-hashmap.git\n"
+        '[submodule "eigen"]\n\tpath = eigen\n\turl = https://gitlab.com/libeigen/eigen.git\n'
+    )
+    (tmp_path / "third_party" / "parallel-hashmap").mkdir(parents=True)  # git's empty folder
+    (tmp_path / "eigen").mkdir()
+    (tmp_path / "eigen" / "Eigen").write_text("fetched\n")
+    assert unfetched_submodules(tmp_path) == ["third_party/parallel-hashmap"]
+    (tmp_path / "third_party" / "parallel-hashmap" / "phmap.h").write_text("#pragma once\n")
+    assert unfetched_submodules(tmp_path) == []
+    assert unfetched_submodules(tmp_path / "third_party") == []  # no .gitmodules

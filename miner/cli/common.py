@@ -25,6 +25,7 @@ from rich.progress import Progress as Bars
 from rich.table import Table
 from rich.text import Text
 
+from miner.clone import unfetched_submodules
 from miner.errors import KminerError, SetupError
 from miner.stage import RunContext
 from miner.stats import funnel
@@ -317,6 +318,12 @@ def run_and_report(workdir: Path, call: Callable, as_json: bool) -> RunContext:
     print_funnel(stats)
     if stats["found"] == 0:
         out.print("0 kernels: no CUDA __global__ definitions in this repository.")
+    missing = unfetched_submodules(Path(ctx.src.root)) if ctx.src is not None else []
+    if missing:
+        out.print(
+            f"{len(missing)} git submodules not fetched ({', '.join(missing[:3])}): code that "
+            "includes them (a CPU reference) does not build; mine again with --submodules."
+        )
     waiting = ctx.counters.get("waiting_for_llm", 0)
     if waiting:
         out.print(
