@@ -16,20 +16,23 @@ from pathlib import Path
 
 def text(path: Path) -> str | None:
     """The file's text (undecodable bytes replaced); None when it cannot be read."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return _text(str(path), stat.st_size, stat.st_mtime_ns)
+    key = _key(path)
+    return None if key is None else _text(*key)
 
 
 def tree(path: Path) -> ast.Module | None:
     """The file's syntax tree; None when it cannot be read or is not Python 3."""
+    key = _key(path)
+    return None if key is None else _tree(*key)
+
+
+def _key(path: Path) -> tuple[str, int, int] | None:
+    """(path, size, time of change): a file edited since is read again."""
     try:
         stat = path.stat()
     except OSError:
         return None
-    return _tree(str(path), stat.st_size, stat.st_mtime_ns)
+    return str(path), stat.st_size, stat.st_mtime_ns
 
 
 def parse(source: str) -> ast.Module | None:
