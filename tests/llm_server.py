@@ -165,6 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         with fake._lock:
             fake.in_flight += 1
             fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+        self._counted = True
         try:
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._record(body, last_user, None, "404")
@@ -174,8 +175,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._record(body, last_user, index, fault)
             self._act(fault, body, content, last_user)
         finally:
-            with fake._lock:
-                fake.in_flight -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        """The request stops counting as in flight before its answer's first byte leaves.
+
+        The client frees its slot once it has the answer and may send the next request at once;
+        counting down only after the write would let that request overlap this one on paper.
+        """
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with self.fake._lock:
+                self.fake.in_flight -= 1
 
     def _record(self, body: dict, last_user: str, index: int | None, fault: str) -> None:
         name = None if index is None else self.fake.recordings[index].get("name", str(index))
@@ -211,6 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: dict, headers: dict | None = None) -> None:
         data = json.dumps(payload).encode()
+        self._leave()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
