@@ -104,7 +104,8 @@ DESCRIPTIONS = {  # the card's schema table
     "strategy": "how the host function was made: mined (the repository's launcher), rule, llm",
     "cases_source": "who made the inputs: mined (the repository's tests), forward (a "
     "backward's, from its forward's recorded calls), sibling (the recorded calls of an op of "
-    "the same extension taking the same parameters), rule, llm",
+    "the same extension taking the same parameters), rule, probe (drafted, kept where the "
+    "repository's CPU implementation built with AddressSanitizer ran them clean), llm",
     "description_source": "where the description in instruction_complete comes from: llm, "
     "comment, docstring, or empty",
     "instruction_edited": "a curator edited the instructions",

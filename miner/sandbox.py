@@ -10,8 +10,8 @@ their Hugging Face and OpenAI tokens live, so the boundary gives such code:
   read-only: bubblewrap's read-only root with the home folders (where tokens and keys live)
   replaced by empty ones, the paths the run needs bound back; as root, a uid of its own that
   owns nothing else;
-- limits: address space (or, for GPU code, which reserves huge address ranges, a watch on its
-  resident memory), processes, file size, CPU time, no core dumps;
+- limits: address space (or, for GPU code and AddressSanitizer builds, which reserve huge address
+  ranges, a watch on their resident memory), processes, file size, CPU time, no core dumps;
 - a wall-clock limit that ends the whole process tree — setsid grandchildren and those holding
   its output open included — and returns within 2 s of it.
 
@@ -67,6 +67,9 @@ class Limits:
     processes: int = 256
     file_mb: int = 2 << 10
     cpu_seconds: int = 0  # 0: four times the wall-clock limit (builds run a few threads)
+    # memory watched on the tree's resident set, not capped as address space: for code that
+    # reserves far more than it touches (AddressSanitizer maps terabytes of shadow; GPU code too)
+    watch_rss: bool = False
 
 
 @dataclass

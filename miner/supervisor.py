@@ -68,7 +68,8 @@ def _supervise(spec_path: Path) -> int:
             report["stopped"] = True
             break
         polls += 1
-        if spec["gpu"] and polls % 5 == 0 and _tree_rss_mb() > limits["memory_mb"]:
+        watched = spec["gpu"] or limits.get("watch_rss")
+        if watched and polls % 5 == 0 and _tree_rss_mb() > limits["memory_mb"]:
             report["over_memory"] = True
             break
         time.sleep(0.05)
@@ -136,7 +137,7 @@ def _child_setup(spec: dict, limits: dict):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb, limits["file_mb"] * mb))
-        if not spec["gpu"]:  # CUDA reserves far more address space than it uses
+        if not (spec["gpu"] or limits.get("watch_rss")):  # CUDA reserves far more than it uses
             memory = limits["memory_mb"] * mb
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         nproc = limits["processes"] if uid is not None else limits["processes"] + _own_processes()

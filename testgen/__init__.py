@@ -20,8 +20,10 @@ The pieces and the contract between them (every module relies on it):
   an endpoint) the model's `make_calls`, run in the sandbox (`callcheck`: >= 3 calls over >= 3
   shapes, values of each parameter's kind, seeded); a backward the tests never call gets calls
   made from its forward's (`backward_calls`); an op no test calls, the calls of an op of the
-  same extension that takes the same parameters and returns its result (`sibling_calls`).
-  Stage metric `cases_source`: mined|forward|sibling|rule|llm.
+  same extension that takes the same parameters and returns its result (`sibling_calls`); an
+  op with a C++ CPU implementation, calls drafted from its signature and kept where that
+  implementation, built with AddressSanitizer, runs them clean (`probe_inputs`, before the model).
+  Stage metric `cases_source`: mined|forward|sibling|rule|probe|llm.
   The repository's tests run under `standalone/recorder.py`, in the sandbox; `carry` takes a
   recorded call of the Python binding down the op chain to the label's function.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, a boolean mode the

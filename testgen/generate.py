@@ -36,8 +36,10 @@ from testgen.made_inputs import (
     elementwise_calls,
     exposed_params,
     exposed_signature,
+    label_signature,
     rule_calls,
 )
+from testgen.probe_inputs import PROBE_ORIGIN, probed_calls
 from testgen.python_reference import find_python_reference
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
@@ -147,9 +149,20 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     made = elementwise_calls(sig, label_text, function)
     if made:
         return made, "rule", ELEMENTWISE_ORIGIN
+    probed = ""
+    if not isinstance(found, str) and found.kind == "cpp":  # the CPU code knows the contract
+        reference = workdir / found.path
+        bound = label_signature("reference", reference.read_text("latin-1"))
+        texts = [(label_text, [n for _, n in sig])]
+        if bound is not None and len(bound.params) == len(sig):
+            texts.append((reference.read_text("latin-1"), [n for _, n in bound.params]))
+        made = probed_calls(sig, texts, reference, workdir / "probes")
+        if made:
+            return made, "probe", PROBE_ORIGIN
+        probed = ", no drafted call runs clean through its CPU implementation"
     if llm is None:
-        why = "no rule makes its inputs (not an element-wise rule wrapper) and no LLM is set"
-        return [], "", why
+        why = f"no rule makes its inputs (not an element-wise rule wrapper){probed}"
+        return [], "", why + " and no LLM is set"
     shown = None
     if not isinstance(found, str):
         lang = "python" if found.path.endswith(".py") else "cpp"

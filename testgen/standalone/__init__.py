@@ -19,4 +19,5 @@ RECORDER_PARTS = (HERE / "record_log.py", HERE / "pretend_cuda.py")  # its sibli
 CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
 REFCHECK = HERE / "refcheck.py"  # a model's reference, checked
 REFRUN = HERE / "refrun.py"  # a reference kminer assembled, run for its outputs
+PROBE = HERE / "probe.py"  # drafted calls, through a CPU implementation built with ASan
 SETUPCAPTURE = HERE / "setupcapture.py"  # a repository's setup.py, run for its extensions

@@ -1,0 +1,264 @@
+"""Inputs for an op no test calls, found by probing the repository's own CPU implementation.
+
+An op that reads index tensors has no valid call by rule: torchsparse's `count_cuda(idx, s)` bumps
+`out[idx[i]]` and `voxelize_forward_cuda(inputs, idx, counts)` reads `counts[idx[i]]`, and an index
+past its table is undefined behaviour in the kernel and in the reference alike. The CPU
+implementation the test compares with knows the contract, though, and built with AddressSanitizer
+it reports the first read or write outside a tensor. So calls are drafted from the host
+function's signature and the code around it (each tensor's dtype and rank as the code reads them,
+a size the code checks against a number, every other size the same n, each integer tensor holding
+every value of a range, each integer a size or a small count, each flag either way) and run
+through that build in the sandbox (standalone/probe.py). A draft counts when it ran without a
+report, an exception or a crash and wrote something not zero; the first such draft in order of
+preference (the widest ranges, the size itself) is kept at each n.
+
+What a draft can still get wrong (an index that must be sorted or unique, a kernel stricter than
+its CPU twin) surfaces as the label failing its own test on the GPU, never as a row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from miner import sandbox
+from testgen.cases import BaseCall
+from testgen.cpu_twin import build_single
+from testgen.llm_inputs import param_kind
+from testgen.standalone import PROBE
+
+log = logging.getLogger(__name__)
+SIZES_BY_RANK = {2: (16, 7, 29), 3: (10, 5, 13), 4: (6, 4, 7)}  # n per draft set, by the top rank
+MAX_DRAFTS = 96  # per size
+PROBE_LIMITS = sandbox.Limits(seconds=150, memory_mb=8 << 10, processes=64, watch_rss=True)
+ASAN_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer")
+ASAN_OPTIONS = (  # a draft's child ends at its first report: that is its verdict
+    "detect_leaks=0:halt_on_error=1:allocator_may_return_null=1:detect_odr_violation=0:"
+    "symbolize=0:malloc_context_size=2"
+)
+SEED = 20261127
+PROBE_ORIGIN = (
+    "kminer's probe of the repository's CPU implementation: drafted calls (every size n, "
+    "integer tensors holding every value of a range) kept where that implementation, built with "
+    "AddressSanitizer, ran clean and wrote a result"
+)
+_DTYPES = {
+    "int": torch.int32, "int32_t": torch.int32, "unsigned": torch.int32, "uint32_t": torch.int32,
+    "int64_t": torch.int64, "long": torch.int64, "long long": torch.int64,
+    "float": torch.float32, "double": torch.float64, "Half": torch.float16, "half": torch.float16,
+    "__half": torch.float16, "bool": torch.bool, "uint8_t": torch.uint8, "int8_t": torch.int8,
+    "int16_t": torch.int16, "short": torch.int16,
+}  # fmt: skip
+_SCALAR_NAMES = {
+    "Int": torch.int32, "Long": torch.int64, "Float": torch.float32, "Double": torch.float64,
+    "Half": torch.float16, "Bool": torch.bool, "Byte": torch.uint8,
+}  # fmt: skip
+_DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"
+_FLOATS = (1.25, -0.5, 2.0, 0.75)
+
+
+@dataclass
+class TensorFacts:
+    """What the code says of one tensor parameter."""
+
+    dtypes: list = field(default_factory=list)  # in the order the code names them
+    rank: int = 1
+    fixed_rank: int | None = None
+    fixed_dims: dict = field(default_factory=dict)  # dim -> size the code checks it against
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.dtypes[0] if self.dtypes else torch.float32
+
+    @property
+    def ndim(self) -> int:
+        return self.fixed_rank if self.fixed_rank is not None else self.rank
+
+
+def _dtype_of(type_text: str) -> torch.dtype | None:
+    words = [w for w in re.findall(r"\w+", type_text) if w not in ("const", "at", "c10", "std")]
+    return _DTYPES.get(" ".join(words)) if words else None
+
+
+def read_facts(code: str, name: str, facts: TensorFacts) -> None:
+    """Add what `code` says of the tensor it calls `name`: the element types its data is read
+    as, the sizes and strides it reads, the dimensions and dtype it checks."""
+    n = re.escape(name)
+    member = rf"\b{n}\s*(?:\.|->)\s*"
+    for m in re.finditer(member + _DATA + r"\s*<([^<>()]+)>", code):
+        _note(facts, _dtype_of(m[1]), m[1])
+    for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
+        _note(facts, _dtype_of(m[1]), m[1])
+        facts.rank = max(facts.rank, int(m[2]))
+    for m in re.finditer(member + r"(?:size|stride)\s*\(\s*(\d+)\s*\)", code):
+        facts.rank = max(facts.rank, int(m[1]) + 1)
+    for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):
+        facts.rank = max(facts.rank, int(m[1]) + 1)
+    for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)\b", code):
+        facts.fixed_rank = int(m[1])
+    for m in re.finditer(member + r"size\s*\(\s*(\d+)\s*\)\s*==\s*(\d+)\b", code):
+        if 0 < int(m[2]) <= 64:
+            facts.fixed_dims[int(m[1])] = int(m[2])
+    scalar = r"(?:scalar_type|dtype)\s*\(\s*\)\s*==\s*(?:\w+::)*k?(\w+)"
+    for m in re.finditer(member + scalar, code):
+        _note(facts, _SCALAR_NAMES.get(m[1]), m[1])
+
+
+def _note(facts: TensorFacts, dtype: torch.dtype | None, type_text: str) -> None:
+    if dtype is None and re.fullmatch(r"\s*(?:\w+::)*\w+\s*", type_text):
+        dtype = torch.float32  # a template parameter (scalar_t): the dispatch's float
+    if dtype is not None and dtype not in facts.dtypes:
+        facts.dtypes.append(dtype)
+
+
+@dataclass
+class Slot:
+    """One parameter of the drafts: its fixed value maker, or the choices drafts try in order."""
+
+    kind: str
+    facts: TensorFacts | None = None
+
+
+def _choices(slot: Slot, n: int) -> tuple:
+    """The values a slot tries, best first (one value: fixed). A tensor also tries one more
+    dimension than the code reads (hash_cpu reads `idx.size(0)` and four ints per row), after
+    every value range at the rank it reads."""
+    if slot.kind == "int":
+        return tuple(dict.fromkeys((n, 4, 2, 1, 0)))
+    if slot.kind == "bool":
+        return (False, True)
+    if slot.kind != "tensor":
+        return (None,)
+    dtype = slot.facts.dtype
+    if dtype.is_floating_point:
+        values = (None,)
+    elif dtype == torch.bool:
+        values = ("bools",)
+    else:
+        values = ((-1, n), (0, n), (0, max(2, n // 4)), (0, 1))
+    wider = (1,) if slot.facts.fixed_rank is None else ()
+    return tuple((extra, v) for extra in (0, *wider) for v in values)
+
+
+def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.Tensor:
+    extra, values = choice
+    shape = [facts.fixed_dims.get(d, n) for d in range(facts.ndim + extra)]
+    count = 1
+    for s in shape:
+        count *= s
+    if facts.dtype.is_floating_point:
+        return (torch.randn(count, generator=gen) * 2).to(facts.dtype).reshape(shape)
+    if values == "bools":
+        return (torch.randint(0, 2, (count,), generator=gen) == 1).reshape(shape)
+    lo, hi = values  # every value of the range (its ends always), in a seeded order
+    values = torch.arange(count) % (hi - lo) + lo
+    values[-1] = hi - 1
+    return values[torch.randperm(count, generator=gen)].to(facts.dtype).reshape(shape)
+
+
+def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
+    """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
+    from each slot's first choice."""
+    options = [_choices(s, n) for s in slots]
+    combos = sorted(itertools.product(*[range(len(o)) for o in options]), key=lambda c: (sum(c), c))
+    out = []
+    for combo in combos[:MAX_DRAFTS]:
+        gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
+        args, floats = [], iter(_FLOATS * 8)
+        for slot, opts, k in zip(slots, options, combo, strict=True):
+            if slot.kind == "tensor":
+                args.append(_tensor(slot.facts, n, opts[k], gen))
+            elif slot.kind == "float":
+                args.append(next(floats))
+            else:
+                args.append(opts[k])
+        out.append((combo, args))
+    return out
+
+
+def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]]) -> list | None:
+    """A slot per parameter, tensors with what `texts` (code, its names for the parameters by
+    position) say of them; None when a parameter is of a kind no draft makes."""
+    slots = []
+    for i, (type_text, _) in enumerate(params):
+        kind = param_kind(type_text)
+        if kind not in ("tensor", "int", "float", "bool"):
+            return None
+        facts = None
+        if kind == "tensor":
+            facts = TensorFacts()
+            for code, names in texts:
+                if i < len(names) and names[i]:
+                    read_facts(code, names[i], facts)
+        slots.append(Slot(kind, facts))
+    return slots if any(s.kind == "tensor" for s in slots) else None
+
+
+@cache
+def _libasan() -> str:
+    try:
+        found = subprocess.run(
+            ["g++", "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return found if found.startswith("/") and Path(found).exists() else ""
+
+
+def _verdicts(module: Path, name: str, grouped: list, folder: Path) -> dict[int, str]:
+    """Each draft's verdict from standalone/probe.py (`grouped`: (group, arguments), a group
+    ending at its first `ok`); those it did not reach in PROBE_LIMITS have none."""
+    data = folder / "drafts.pt"
+    torch.save(grouped, data)
+    env = {"LD_PRELOAD": _libasan(), "ASAN_OPTIONS": ASAN_OPTIONS, "OMP_NUM_THREADS": "1"}
+    out = folder / "verdicts.jsonl"
+    argv = [sys.executable, str(PROBE), str(module), name, str(data), str(out)]
+    sandbox.run(argv, PROBE_LIMITS, env=env, cwd=folder, readable=[module.parent])
+    verdicts = {}
+    for line in (sandbox.read_output(out) or b"").decode().splitlines():
+        entry = json.loads(line)
+        verdicts[entry["draft"]] = entry["verdict"]
+    return verdicts
+
+
+def probed_calls(
+    params: list[tuple[str, str]],
+    texts: list[tuple[str, list[str]]],
+    reference: Path,
+    cache_dir: Path,
+) -> list[BaseCall]:
+    """Calls of the host function `params` describes that its CPU implementation `reference`
+    (a kminer reference source, bound as `reference`) runs clean, at up to three sizes; [] when
+    no draft does (or no draft can be made, or AddressSanitizer is not at hand)."""
+    slots = slots_for(params, texts)
+    if slots is None or not _libasan():
+        return []
+    text = reference.read_bytes()
+    key = hashlib.sha256(text + json.dumps(ASAN_FLAGS).encode()).hexdigest()[:16]
+    name = f"kminer_probe_{key}"
+    module = (cache_dir / key / f"{name}.so").resolve()
+    if not module.is_file() and build_single(reference, name, module, ASAN_FLAGS) is None:
+        return []
+    rank = max((s.facts.ndim for s in slots if s.facts), default=1)
+    sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
+    flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n)]
+    with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
+        grouped = [(sizes.index(n), args) for n, _, args in flat]
+        verdicts = _verdicts(module, name, grouped, Path(tmp))
+    held = {n: (combo, args) for k, (n, combo, args) in enumerate(flat) if verdicts.get(k) == "ok"}
+    if not held:
+        seen = sorted({v.split(":")[0] for v in verdicts.values()})
+        log.info("probe %s: no draft held (%s)", reference.name, ", ".join(seen))
+        return []
+    return [BaseCall(held[n][1], PROBE_ORIGIN) for n in sizes if n in held]

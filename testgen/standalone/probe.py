@@ -1,0 +1,117 @@
+"""Run drafted calls through a repository's CPU implementation built with AddressSanitizer.
+
+kminer drafts calls for an op its repository's tests never call (testgen/probe_inputs.py); this
+script, in the sandbox with libasan preloaded, runs each draft through the module's `reference`
+in a process forked for it, and says what happened: `asan` when the sanitizer reported a read or
+write outside an allocation (reports go to stderr, which is a file here, so its growth is the
+report), `raised` with the exception, `crashed` or `timeout`, `empty` when the call wrote nothing
+but zeros, else `ok`. A draft out of bounds may write over memory it does not own; in a child of
+its own, that harms no other draft, and a crash costs a fork, not a start of torch.
+
+Drafts come in groups, best first, and a group ends at its first `ok`. Each verdict is appended
+to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl, DRAFTS a
+list of (group, arguments). Needs only python and torch.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+DRAFT_SECONDS = 20.0
+
+
+def _load(path: str, name: str):
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _wrote_something(before: list, args: list, result) -> bool:
+    """Whether the call produced anything not zero: a returned tensor or an argument it changed."""
+    returned = result if isinstance(result, (list, tuple)) else [result]
+    for t in returned:
+        if isinstance(t, torch.Tensor) and t.numel() and bool((t != 0).any()):
+            return True
+    for old, new in zip(before, args, strict=True):
+        if isinstance(new, torch.Tensor) and not torch.equal(old, new):
+            return True
+    return False
+
+
+def _run_one(fn, args: list) -> str:
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    size = os.fstat(2).st_size
+    try:
+        result = fn(*args)
+        verdict = "ok" if _wrote_something(before, args, result) else "empty"
+    except Exception as exc:  # the implementation refused the draft
+        verdict = f"raised: {type(exc).__name__}: {str(exc)[:200]}"
+    sys.stderr.flush()
+    return "asan" if os.fstat(2).st_size != size else verdict
+
+
+def _in_child(fn, args: list) -> str:
+    """The draft's verdict, run in a forked child (killed after DRAFT_SECONDS)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, answer, leave without running any cleanup
+        os.close(read_end)
+        try:
+            answer = _run_one(fn, args)
+        except BaseException as exc:  # a child must always answer
+            answer = f"raised: {type(exc).__name__}"
+        os.write(write_end, answer.encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    size, deadline = os.fstat(2).st_size, time.monotonic() + DRAFT_SECONDS
+    status = None
+    while status is None:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = code
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_end)
+            return "timeout"
+        else:
+            time.sleep(0.005)
+    with os.fdopen(read_end, "rb") as pipe:
+        answer = pipe.read().decode(errors="replace")
+    if answer:
+        return answer
+    return "asan" if os.fstat(2).st_size != size else f"crashed: status {status}"
+
+
+def main() -> int:
+    module_path, name, drafts_path, out_path = sys.argv[1:5]
+    torch.set_num_threads(1)  # no thread pool to lose in the children
+    drafts = torch.load(drafts_path, weights_only=True)
+    reports = open("asan.txt", "ab")  # noqa: SIM115 (held for the whole run, as stderr)
+    os.dup2(reports.fileno(), 2)
+    fn = _load(module_path, name).reference
+    finished = set()
+    with open(out_path, "a", encoding="utf-8") as out:
+        for k, (group, args) in enumerate(drafts):
+            if group in finished:
+                continue
+            verdict = _in_child(fn, args)
+            out.write(json.dumps({"draft": k, "verdict": verdict}) + "\n")
+            out.flush()
+            if verdict == "ok":
+                finished.add(group)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Inputs drafted for an op no test calls and kept where its CPU implementation, built with
+AddressSanitizer, runs them clean (testgen/probe_inputs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testgen.probe_inputs import TensorFacts, drafts, probed_calls, read_facts, slots_for
+
+LABEL = """
+at::Tensor scatter_rows_cuda(const at::Tensor feats, const at::Tensor idx,
+                             const at::Tensor coords, const int s) {
+  int c = feats.size(1);
+  int n = idx.size(0);
+  scatter_rows_kernel<<<n, c>>>(feats.data_ptr<float>(), idx.data_ptr<int>(),
+                                coords.data_ptr<int>(), c);
+  return feats;
+}
+"""
+PARAMS = [
+    ("const at::Tensor", "feats"),
+    ("const at::Tensor", "idx"),
+    ("const at::Tensor", "coords"),
+    ("const int", "s"),
+]
+
+# the CPU twin: rows of `feats` added into `s` rows at `idx` (no guard for a negative index),
+# and a sum of four ints per row of `coords`, whose code reads only its first size
+REFERENCE = r"""
+#include <torch/extension.h>
+std::vector<at::Tensor> scatter_rows_cpu(const at::Tensor f, const at::Tensor ix,
+                                         const at::Tensor co, const int s) {
+  int n = ix.size(0), c = f.size(1), m = co.size(0);
+  auto out = torch::zeros({s, c}, f.options());
+  auto sums = torch::zeros({m}, co.options());
+  const int* index = ix.data_ptr<int>();
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < c; j++)
+      out.data_ptr<float>()[index[i] * c + j] += f.data_ptr<float>()[i * c + j];
+  for (int i = 0; i < m; i++)
+    for (int k = 0; k < 4; k++) sums.data_ptr<int>()[i] += co.data_ptr<int>()[4 * i + k];
+  return {out, sums};
+}
+void kminer_bind(pybind11::module_& m) { m.def("reference", &scatter_rows_cpu); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+"""
+TWIN_NAMES = ["f", "ix", "co", "s"]
+
+
+def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
+    code = """
+      TORCH_CHECK(boxes.size(1) == 7);
+      auto acc = points.accessor<float, 3>();
+      int64_t* order = keep.data_ptr<int64_t>();
+      TORCH_CHECK(mask.scalar_type() == at::kBool);
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "f", [&] { x.data_ptr<scalar_t>(); });
+    """
+    facts = {name: TensorFacts() for name in ("boxes", "points", "keep", "mask", "x")}
+    for name, f in facts.items():
+        read_facts(code, name, f)
+    assert facts["boxes"].fixed_dims == {1: 7} and facts["boxes"].ndim == 2
+    assert facts["points"].ndim == 3 and facts["points"].dtype == torch.float32
+    assert facts["keep"].dtype == torch.int64
+    assert facts["mask"].dtype == torch.bool
+    assert facts["x"].dtype == torch.float32  # a dispatch's template type
+
+
+def test_drafts_start_from_the_widest_range_and_the_size_itself():
+    slots = slots_for(PARAMS, [(LABEL, [n for _, n in PARAMS])])
+    assert [s.kind for s in slots] == ["tensor", "tensor", "tensor", "int"]
+    assert slots[1].facts.dtype == torch.int32 and slots[0].facts.ndim == 2
+    made = drafts(slots, 7)
+    combo, (feats, idx, coords, s) = made[0]
+    assert coords.shape == (7,) and coords.dtype == torch.int32
+    assert combo == (0, 0, 0, 0)
+    assert feats.shape == (7, 7) and feats.dtype == torch.float32
+    assert idx.shape == (7,) and idx.dtype == torch.int32 and s == 7
+    assert idx.min() == -1 and idx.max() == 6  # both ends of [-1, n) are there
+    # the next drafts step one slot at a time; a wider tensor comes after its value ranges
+    assert made[1][0] in {(0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0)}
+    ranks = [args[2].dim() for _, args in made]
+    assert ranks.index(2) > ranks.index(1) == 0
+    assert len({c for c, _ in made}) == len(made)
+
+
+def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts():
+    assert slots_for([("std::vector<int64_t>", "sizes"), ("at::Tensor", "x")], []) is None
+    assert slots_for([("int", "n"), ("float", "alpha")], []) is None
+
+
+@pytest.mark.slow
+def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
+    reference = tmp_path / "scatter_rows.cpp"
+    reference.write_text(REFERENCE)
+    texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
+    calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes")
+    assert len(calls) == 3  # one call per size
+    for call in calls:
+        feats, idx, coords, s = call.args
+        assert "AddressSanitizer" in call.origin
+        assert idx.min() >= 0, "the unguarded index may not be -1"
+        assert idx.max() < s and idx.numel() <= feats.shape[0]
+        assert coords.dim() == 2 and coords.shape[1] >= 4  # four ints per row
+    assert max(int(c.args[1].max()) for c in calls) > 4  # a full range, not a token one
+    # the build is cached by the reference's text: a second probe compiles nothing
+    built = list((tmp_path / "probes").rglob("*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 3
+    assert built[0].stat().st_mtime_ns == mtime
