@@ -178,29 +178,6 @@ def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | No
         return final
 
 
-def build_single(source: Path, name: str, out: Path, extra: tuple[str, ...] = ()) -> Path | None:
-    """One self-contained C++ source (a reference kminer rendered) as the module `name` at `out`,
-    compiled and linked in the sandbox with `extra` flags on both; None when it does not build."""
-    source = source.resolve()
-    inc = [*toolchain.torch_include_dirs(), sysconfig.get_paths()["include"]]
-    inc += toolchain.header_library_dirs()
-    flags = [
-        f"-std={toolchain.cxx_standard()}", "-fPIC", "-O1", "-w", "-fopenmp", *extra,
-        *[f"-I{d}" for d in inc], "-DTORCH_API_INCLUDE_EXTENSION_H",
-        f"-DTORCH_EXTENSION_NAME={name}", *toolchain.abi_flags(),
-    ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="kminer-single-") as t:
-        so = Path(t) / "build" / "module.so"
-        argv = ["g++", "-shared", *flags, str(source), "-o", str(so), *_torch_libs()]
-        done = _run(argv, so.parent, source.parent)
-        if done.returncode != 0 or not so.is_file():
-            log.info("%s does not build: %s", source.name, done.stderr[-300:])
-            return None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(so.read_bytes())
-        return out
-
-
 def _snapshot_key(repo: Path, wanted: set[str] | None) -> str:
     """What decides the build: the repository's setup.py files and C/C++ sources and headers,
     the ops at hand, this code (and the script reading setup.py) and the torch it builds

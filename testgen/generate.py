@@ -157,9 +157,9 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
         if bound is not None and len(bound.params) == len(sig):
             texts.append((reference.read_text("latin-1"), [n for _, n in bound.params]))
         made = probed_calls(sig, texts, reference, workdir / "probes")
-        if made:
+        if not isinstance(made, str):
             return made, "probe", PROBE_ORIGIN
-        probed = ", no drafted call runs clean through its CPU implementation"
+        probed = f"; {made}"
     if llm is None:
         why = f"no rule makes its inputs (not an element-wise rule wrapper){probed}"
         return [], "", why + " and no LLM is set"

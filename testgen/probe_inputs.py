@@ -25,6 +25,7 @@ import logging
 import re
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from functools import cache
@@ -32,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from miner import sandbox
+from miner import sandbox, toolchain
 from testgen.cases import BaseCall
-from testgen.cpu_twin import build_single
+from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
 from testgen.standalone import PROBE
 
@@ -216,6 +217,31 @@ def _libasan() -> str:
     return found if found.startswith("/") and Path(found).exists() else ""
 
 
+def asan_build(source: Path, name: str, out: Path) -> Path | None:
+    """The self-contained reference `source` as the module `name` at `out`, built with
+    AddressSanitizer by g++ in the sandbox; None when it does not build."""
+    source = source.resolve()
+    inc = [*toolchain.torch_include_dirs(), sysconfig.get_paths()["include"]]
+    lib = Path(toolchain.torch_include_dirs()[0]).parent / "lib"
+    flags = [
+        f"-std={toolchain.cxx_standard()}", "-shared", "-fPIC", "-O1", "-w", "-fopenmp",
+        *ASAN_FLAGS, *[f"-I{d}" for d in [*inc, *toolchain.header_library_dirs()]],
+        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={name}",
+        *toolchain.abi_flags(),
+    ]  # fmt: skip
+    libs = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    with tempfile.TemporaryDirectory(prefix="kminer-asan-") as tmp:
+        so = Path(tmp) / "module.so"
+        argv = ["g++", *flags, str(source), "-o", str(so), *libs]
+        done = sandbox.run(argv, COMPILE_LIMITS, cwd=Path(tmp), readable=[source.parent])
+        if done.returncode != 0 or not so.is_file():
+            log.info("%s does not build with ASan: %s", source.name, done.stderr[-300:])
+            return None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(so.read_bytes())
+        return out
+
+
 def _verdicts(module: Path, name: str, grouped: list, folder: Path) -> dict[int, str]:
     """Each draft's verdict from standalone/probe.py (`grouped`: (group, arguments), a group
     ending at its first `ok`); those it did not reach in PROBE_LIMITS have none."""
@@ -237,19 +263,21 @@ def probed_calls(
     texts: list[tuple[str, list[str]]],
     reference: Path,
     cache_dir: Path,
-) -> list[BaseCall]:
+) -> list[BaseCall] | str:
     """Calls of the host function `params` describes that its CPU implementation `reference`
-    (a kminer reference source, bound as `reference`) runs clean, at up to three sizes; [] when
-    no draft does (or no draft can be made, or AddressSanitizer is not at hand)."""
+    (a kminer reference source, bound as `reference`) runs clean, at up to three sizes; else
+    why there are none."""
     slots = slots_for(params, texts)
-    if slots is None or not _libasan():
-        return []
+    if slots is None:
+        return "no call can be drafted for it (a parameter that is no tensor or number)"
+    if not _libasan():
+        return "no call was drafted (g++ has no AddressSanitizer runtime here)"
     text = reference.read_bytes()
     key = hashlib.sha256(text + json.dumps(ASAN_FLAGS).encode()).hexdigest()[:16]
     name = f"kminer_probe_{key}"
     module = (cache_dir / key / f"{name}.so").resolve()
-    if not module.is_file() and build_single(reference, name, module, ASAN_FLAGS) is None:
-        return []
+    if not module.is_file() and asan_build(reference, name, module) is None:
+        return "its CPU implementation does not build with AddressSanitizer"
     rank = max((s.facts.ndim for s in slots if s.facts), default=1)
     sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
     flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n)]
@@ -259,6 +287,5 @@ def probed_calls(
     held = {n: (combo, args) for k, (n, combo, args) in enumerate(flat) if verdicts.get(k) == "ok"}
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
-        log.info("probe %s: no draft held (%s)", reference.name, ", ".join(seen))
-        return []
+        return f"no drafted call ran clean through its CPU implementation ({', '.join(seen)})"
     return [BaseCall(held[n][1], PROBE_ORIGIN) for n in sizes if n in held]

@@ -84,9 +84,12 @@ def test_drafts_start_from_the_widest_range_and_the_size_itself():
     assert len({c for c, _ in made}) == len(made)
 
 
-def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts():
-    assert slots_for([("std::vector<int64_t>", "sizes"), ("at::Tensor", "x")], []) is None
+def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts(tmp_path):
+    listed = [("std::vector<int64_t>", "sizes"), ("at::Tensor", "x")]
+    assert slots_for(listed, []) is None
     assert slots_for([("int", "n"), ("float", "alpha")], []) is None
+    why = probed_calls(listed, [], tmp_path / "none.cpp", tmp_path)
+    assert isinstance(why, str) and "no call can be drafted" in why
 
 
 @pytest.mark.slow
@@ -95,7 +98,7 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     reference.write_text(REFERENCE)
     texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
     calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes")
-    assert len(calls) == 3  # one call per size
+    assert isinstance(calls, list) and len(calls) == 3  # one call per size
     for call in calls:
         feats, idx, coords, s = call.args
         assert "AddressSanitizer" in call.origin
