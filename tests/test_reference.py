@@ -265,6 +265,20 @@ def test_a_cpu_function_that_only_raises_is_no_reference(refrepo, tmp_path):
     assert reason == "stub_square_cpu only raises: the repository has no CPU implementation"
 
 
+def test_a_cpu_function_whose_first_statement_raises_only_raises():
+    """pytorch3d returns after its `AT_ERROR` to please the compiler: still no implementation;
+    a check that may pass, or a raise under a condition, is not a refusal."""
+    from testgen.reference import _only_raises
+
+    stub = """std::tuple<at::Tensor, at::Tensor> InterpBackwardCpu(const at::Tensor& p) {
+      AT_ERROR("Not Implemented");
+      return std::make_tuple(p, p);
+    }"""
+    assert _only_raises(stub)
+    assert not _only_raises("at::Tensor f(at::Tensor x) { TORCH_CHECK(x.dim() == 2); return x; }")
+    assert not _only_raises('void f(int n) { if (n < 0) { AT_ERROR("n"); } g(n); }')
+
+
 def test_a_function_template_is_matched_at_the_instantiation_its_label_binds():
     """SparseConvNet binds `cuda_AffineReluTrivialConvolution_updateOutput<float>`: its CPU twin
     is called through the plain signature at that instantiation."""

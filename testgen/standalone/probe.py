@@ -3,10 +3,10 @@
 kminer drafts calls for an op its repository's tests never call (testgen/probe_inputs.py); this
 script, in the sandbox with libasan preloaded, runs each draft through the module's `reference`
 in a process forked for it, and says what happened: `asan` when the sanitizer reported a read or
-write outside an allocation (reports go to stderr, which is a file here, so its growth is the
-report), `raised` with the exception, `crashed` or `timeout`, `empty` when the call wrote nothing
-but zeros, else `ok`. A draft out of bounds may write over memory it does not own; in a child of
-its own, that harms no other draft, and a crash costs a fork, not a start of torch.
+write outside an allocation (its reports go to stderr, a file here), `raised` with the
+exception, `crashed` or `timeout`, `empty` when the call wrote nothing but zeros, else `ok`.
+A draft out of bounds may write over memory it does not own; in a child of its own, that harms
+no other draft, and a crash costs a fork, not a start of torch.
 
 Drafts come in groups, best first, and a group ends at its first `ok`. Each verdict is appended
 to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl, DRAFTS a
@@ -48,6 +48,15 @@ def _wrote_something(before: list, args: list, result) -> bool:
     return False
 
 
+def _reported(since: int) -> bool:
+    """Whether AddressSanitizer wrote a report to stderr after byte `since` (the code's own
+    messages, a warning torch prints, are no report)."""
+    sys.stderr.flush()
+    with open("asan.txt", "rb") as reports:
+        reports.seek(since)
+        return b"AddressSanitizer" in reports.read(1 << 20)
+
+
 def _run_one(fn, args: list) -> str:
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     size = os.fstat(2).st_size
@@ -56,8 +65,7 @@ def _run_one(fn, args: list) -> str:
         verdict = "ok" if _wrote_something(before, args, result) else "empty"
     except Exception as exc:  # the implementation refused the draft
         verdict = f"raised: {type(exc).__name__}: {str(exc)[:200]}"
-    sys.stderr.flush()
-    return "asan" if os.fstat(2).st_size != size else verdict
+    return "asan" if _reported(size) else verdict
 
 
 def _in_child(fn, args: list) -> str:
@@ -90,7 +98,7 @@ def _in_child(fn, args: list) -> str:
         answer = pipe.read().decode(errors="replace")
     if answer:
         return answer
-    return "asan" if os.fstat(2).st_size != size else f"crashed: status {status}"
+    return "asan" if _reported(size) else f"crashed: status {status}"
 
 
 def main() -> int:
