@@ -82,6 +82,7 @@ def _backward_on_chain(cand: Candidate, recorded, refs, python_fn: str):
 
 
 def _skip(cand: Candidate, reason: Reason, detail: str, **metrics) -> None:
+    cand.tests = Tests()  # a test an earlier run wrote is not this run's
     cand.set_stage(
         StageName.TESTGEN,
         StageResult(status=Status.SKIPPED, reason=reason, detail=detail[:300], metrics=metrics),

@@ -1290,3 +1290,20 @@ def test_an_integer_output_may_take_only_the_references_own_picks(refrepo, tmp_p
 
     garbage = SimpleNamespace(**{module.FUNCTION: unwritten})
     assert module._run_case(case, [[x]], garbage, reference)["ok"] is False
+
+
+def test_a_kernel_skipped_on_a_rerun_keeps_no_test_from_the_run_before():
+    """pytorch3d's InterpFaceAttrsForward had a test until its CPU function was seen to only
+    raise; the rerun's skip must not leave the old test to be bundled and verified."""
+    from miner.candidate import Candidate, Kernel, Provenance, Reason, Tests
+    from testgen.generate import _skip
+
+    cand = Candidate(
+        id="c0",
+        provenance=Provenance(repo_url="r", commit="0" * 40),
+        kernel=Kernel(name="k", file="k.cu", line=1, start_line=1, end_line=2, source=""),
+        tests=Tests(path="tests/c0.py", num_cases=18, cases_source="mined"),
+    )
+    _skip(cand, Reason.NO_REFERENCE, "InterpFaceAttrsForwardCpu only raises")
+    assert cand.stages["testgen"].reason == Reason.NO_REFERENCE
+    assert cand.tests == Tests() and not cand.tests.path
