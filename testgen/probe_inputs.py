@@ -12,6 +12,8 @@ through that build in the sandbox (standalone/probe.py). A draft counts when it 
 report, an exception or a crash and wrote something not zero; the first such draft in order of
 preference (the widest ranges, the size itself) is kept at each n.
 
+`KMINER_PROBE=off` turns the probe off (each probed op costs an ASan build, ~30 s of g++).
+
 What a draft can still get wrong (an index that must be sorted or unique, a kernel stricter than
 its CPU twin) surfaces as the label failing its own test on the GPU, never as a row.
 """
@@ -22,6 +24,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -267,6 +270,8 @@ def probed_calls(
     """Calls of the host function `params` describes that its CPU implementation `reference`
     (a kminer reference source, bound as `reference`) runs clean, at up to three sizes; else
     why there are none."""
+    if os.environ.get("KMINER_PROBE", "on") == "off":
+        return "no call was drafted (KMINER_PROBE=off)"
     slots = slots_for(params, texts)
     if slots is None:
         return "no call can be drafted for it (a parameter that is no tensor or number)"

@@ -114,7 +114,8 @@ def test_the_call_check_refuses_what_cannot_be_test_inputs():
         assert isinstance(got, str) and problem in got, (body, got)
 
 
-def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store):
+def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store, monkeypatch):
+    monkeypatch.setenv("KMINER_PROBE", "off")  # the model's turn comes after the probe's
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
     with FakeLLM(load("inputs/affine_forward_cuda_kernel")) as server:
@@ -141,13 +142,15 @@ def test_model_writes_inputs_for_an_op_no_test_calls(refrepo, tmp_path, store):
     assert len(store.attempts(cand.id)) == 2 and cand.tests.cases_source == "llm"
 
 
-def test_without_a_model_an_op_no_test_calls_says_why(refrepo, tmp_path):
+def test_without_a_model_an_op_no_test_calls_says_why(refrepo, tmp_path, monkeypatch):
+    monkeypatch.setenv("KMINER_PROBE", "off")
     cand = candidate(refrepo, KERNEL)
     write_label(refrepo, cand, tmp_path)
     generate_for(cand, refrepo[3], {}, tmp_path)
     r = cand.stage(StageName.TESTGEN)
     assert (r.status, r.reason) == (Status.SKIPPED, Reason.NO_CASES)
     assert "never call affine_forward" in r.detail and "no LLM is set" in r.detail
+    assert "KMINER_PROBE=off" in r.detail
     assert r.metrics["llm_inputs_tried"] is False
 
 

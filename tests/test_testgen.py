@@ -344,7 +344,8 @@ def test_new_tests_forget_the_last_verdict(refrepo, tmp_path):
     )
 
 
-def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
+def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path, monkeypatch):
+    monkeypatch.setenv("KMINER_PROBE", "off")
     cand = candidate(refrepo, "affine_forward_cuda_kernel")
     write_label(refrepo, cand, tmp_path)
     generate_for(cand, refrepo[3], {}, tmp_path)
@@ -352,6 +353,22 @@ def test_generate_for_without_calls_is_no_cases(refrepo, tmp_path):
     assert (r.status, r.reason.value) == (Status.SKIPPED, "no_cases")
     assert "never call affine_forward" in r.detail
     assert cand.reference.kind == "cpp"  # the reference is kept for when cases come
+
+
+@pytest.mark.slow
+def test_an_op_no_test_calls_gets_calls_its_cpu_reference_runs_clean(refrepo, tmp_path):
+    """The probe (testgen/probe_inputs.py) drafts affine_forward's calls and keeps those its
+    CPU implementation, built with AddressSanitizer, runs clean: the test is made from them."""
+    cand = candidate(refrepo, "affine_forward_cuda_kernel")
+    write_label(refrepo, cand, tmp_path)
+    generate_for(cand, refrepo[3], {}, tmp_path)
+    r = cand.stage(StageName.TESTGEN)
+    assert r.status == Status.OK, r.detail
+    assert r.metrics["cases_source"] == cand.tests.cases_source == "probe"
+    assert r.metrics["reference_kind"] == "cpp" and r.metrics["num_shapes"] >= 3
+    text = (tmp_path / cand.tests.path).read_text()
+    assert "built with AddressSanitizer, ran clean" in text  # who made the inputs, stated
+    assert list((tmp_path / "probes").rglob("*.so"))  # the ASan build, cached in the workdir
 
 
 CPU_AFFINE = """#include <torch/extension.h>
