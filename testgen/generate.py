@@ -153,10 +153,11 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
     probed = ""
     if not isinstance(found, str) and found.kind == "cpp":  # the CPU code knows the contract
         reference = workdir / found.path
-        bound = label_signature("reference", reference.read_text("latin-1"))
+        reference_text = reference.read_text("latin-1")
+        bound = label_signature("reference", reference_text)
         texts = [(label_text, [n for _, n in sig])]
         if bound is not None and len(bound.params) == len(sig):
-            texts.append((reference.read_text("latin-1"), [n for _, n in bound.params]))
+            texts.append((reference_text, [n for _, n in bound.params]))
         made = probed_calls(sig, texts, reference, workdir / "probes")
         if not isinstance(made, str):
             return made, "probe", PROBE_ORIGIN

@@ -31,7 +31,7 @@ ELEMENTWISE_ORIGIN = (
     "every tensor of n elements, seeded values"
 )
 SEED = 20261124
-_DTYPES = {
+C_DTYPES = {
     "float": torch.float32,
     "double": torch.float64,
     "half": torch.float16,
@@ -99,7 +99,7 @@ def _element_dtype(cand: Candidate, name: str) -> torch.dtype | None:
             words = [w for w in re.findall(r"[A-Za-z_]\w*", p.type) if w not in ("const",)]
             words = [w for w in words if w not in ("__restrict__", "__restrict", "restrict")]
             base = " ".join(words)
-            return torch.float32 if base in templates else _DTYPES.get(base)
+            return torch.float32 if base in templates else C_DTYPES.get(base)
     return None
 
 

@@ -40,6 +40,7 @@ from miner import sandbox, toolchain
 from testgen.cases import BaseCall
 from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
+from testgen.made_inputs import C_DTYPES
 from testgen.standalone import PROBE
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,10 @@ PROBE_ORIGIN = (
     "integer tensors holding every value of a range) kept where that implementation, built with "
     "AddressSanitizer, ran clean and wrote a result"
 )
-_DTYPES = {
-    "int": torch.int32, "int32_t": torch.int32, "unsigned": torch.int32, "uint32_t": torch.int32,
-    "int64_t": torch.int64, "long": torch.int64, "long long": torch.int64,
-    "float": torch.float32, "double": torch.float64, "Half": torch.float16, "half": torch.float16,
-    "__half": torch.float16, "bool": torch.bool, "uint8_t": torch.uint8, "int8_t": torch.int8,
-    "int16_t": torch.int16, "short": torch.int16,
+_DTYPES = {  # made_inputs' C types, and those only a probe meets (flags, bytes, unsigned)
+    **C_DTYPES, "unsigned": torch.int32, "uint32_t": torch.int32, "Half": torch.float16,
+    "bool": torch.bool, "uint8_t": torch.uint8, "int8_t": torch.int8, "int16_t": torch.int16,
+    "short": torch.int16,
 }  # fmt: skip
 _SCALAR_NAMES = {
     "Int": torch.int32, "Long": torch.int64, "Float": torch.float32, "Double": torch.float64,
@@ -128,7 +127,7 @@ def _note(facts: TensorFacts, dtype: torch.dtype | None, type_text: str) -> None
 
 @dataclass
 class Slot:
-    """One parameter of the drafts: its fixed value maker, or the choices drafts try in order."""
+    """One parameter of the drafts: its kind and, for a tensor, what the code says of it."""
 
     kind: str
     facts: TensorFacts | None = None
@@ -175,9 +174,8 @@ def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
     from each slot's first choice."""
     options = [_choices(s, n) for s in slots]
-    combos = sorted(itertools.product(*[range(len(o)) for o in options]), key=lambda c: (sum(c), c))
     out = []
-    for combo in combos[:MAX_DRAFTS]:
+    for combo in itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS):
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
@@ -189,6 +187,25 @@ def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
                 args.append(opts[k])
         out.append((combo, args))
     return out
+
+
+def _by_steps(counts: list[int]):
+    """Every choice tuple (one index below each count), by the sum of its indices, then in
+    order: generated a sum at a time, so eight slots of eight choices cost no 16M-tuple sort."""
+    top = sum(c - 1 for c in counts)
+    for total in range(top + 1):
+        yield from _summing(counts, total)
+
+
+def _summing(counts: list[int], total: int):
+    if not counts:
+        if total == 0:
+            yield ()
+        return
+    rest = sum(c - 1 for c in counts[1:])
+    for first in range(max(0, total - rest), min(counts[0] - 1, total) + 1):
+        for tail in _summing(counts[1:], total - first):
+            yield (first, *tail)
 
 
 def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]]) -> list | None:

@@ -112,3 +112,16 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     mtime = built[0].stat().st_mtime_ns
     assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 3
     assert built[0].stat().st_mtime_ns == mtime
+
+
+def test_drafts_come_by_steps_without_enumerating_every_choice():
+    import itertools
+
+    from testgen.probe_inputs import _by_steps
+
+    counts = [8, 2, 5, 1, 3]
+    every = sorted(itertools.product(*map(range, counts)), key=lambda c: (sum(c), c))
+    assert list(_by_steps(counts)) == every
+    first = list(itertools.islice(_by_steps([8] * 10), 96))  # 8**10 tuples: never listed
+    assert first[0] == (0,) * 10 and len(set(first)) == 96
+    assert all(sum(a) <= sum(b) for a, b in itertools.pairwise(first))
