@@ -9,8 +9,9 @@ function's signature and the code around it (each tensor's dtype and rank as the
 a size the code checks against a number, every other size the same n, each integer tensor holding
 every value of a range, each integer a size or a small count, each flag either way) and run
 through that build in the sandbox (standalone/probe.py). A draft counts when it ran without a
-report, an exception or a crash and wrote something not zero; the first such draft in order of
-preference (the widest ranges, the size itself) is kept at each n.
+report, an exception or a crash and wrote something not zero; the first two such drafts in order
+of preference (the widest ranges, the size itself) are kept at each n, so an op of integer
+tensors alone (no dtype to vary) still gets six cases over three shapes.
 
 `KMINER_PROBE=off` turns the probe off (each probed op costs an ASan build, ~30 s of g++).
 
@@ -45,7 +46,8 @@ from testgen.standalone import PROBE
 
 log = logging.getLogger(__name__)
 SIZES_BY_RANK = {2: (16, 7, 29), 3: (10, 5, 13), 4: (6, 4, 7)}  # n per draft set, by the top rank
-MAX_DRAFTS = 96  # per size
+MAX_DRAFTS = 192  # per size
+KEEP = 2  # drafts kept per size: a second value range makes int-only ops 6 cases, not 3
 PROBE_LIMITS = sandbox.Limits(seconds=150, memory_mb=8 << 10, processes=64, watch_rss=True)
 ASAN_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer")
 ASAN_OPTIONS = (  # a draft's child ends at its first report: that is its verdict
@@ -79,6 +81,8 @@ class TensorFacts:
     rank: int = 1
     fixed_rank: int | None = None
     fixed_dims: dict = field(default_factory=dict)  # dim -> size the code checks it against
+    row: int | None = None  # elements a row, where the code steps its data by a literal
+
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,7 +90,18 @@ class TensorFacts:
 
     @property
     def ndim(self) -> int:
-        return self.fixed_rank if self.fixed_rank is not None else self.rank
+        if self.fixed_rank is not None:
+            return self.fixed_rank
+        return max(self.rank, 2) if self.row else self.rank
+
+    def shape(self, n: int, extra: int) -> list[int]:
+        """Every size n but those the code fixes: a checked dimension, the last one where the
+        code reads rows of a literal width (devoxelize's `indices.data_ptr<int>() + i * 8`)."""
+        dims = self.ndim + extra
+        shape = [self.fixed_dims.get(d, n) for d in range(dims)]
+        if self.row and dims - 1 not in self.fixed_dims:
+            shape[-1] = self.row
+        return shape
 
 
 def _dtype_of(type_text: str) -> torch.dtype | None:
@@ -101,6 +116,10 @@ def read_facts(code: str, name: str, facts: TensorFacts) -> None:
     member = rf"\b{n}\s*(?:\.|->)\s*"
     for m in re.finditer(member + _DATA + r"\s*<([^<>()]+)>", code):
         _note(facts, _dtype_of(m[1]), m[1])
+    row_step = r"\s*<[^<>()]+>\s*\(\s*\)\s*\+\s*(?:\w+\s*\*\s*(\d+)|(\d+)\s*\*\s*\w+)\b(?!\s*[*(])"
+    for m in re.finditer(member + _DATA + row_step, code):
+        if 1 < int(m[1] or m[2]) <= 64:
+            facts.row = int(m[1] or m[2])
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
         _note(facts, _dtype_of(m[1]), m[1])
         facts.rank = max(facts.rank, int(m[2]))
@@ -150,13 +169,13 @@ def _choices(slot: Slot, n: int) -> tuple:
         values = ("bools",)
     else:
         values = ((-1, n), (0, n), (0, max(2, n // 4)), (0, 1))
-    wider = (1,) if slot.facts.fixed_rank is None else ()
+    wider = (1,) if slot.facts.fixed_rank is None and not slot.facts.row else ()
     return tuple((extra, v) for extra in (0, *wider) for v in values)
 
 
 def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.Tensor:
     extra, values = choice
-    shape = [facts.fixed_dims.get(d, n) for d in range(facts.ndim + extra)]
+    shape = facts.shape(n, extra)
     count = 1
     for s in shape:
         count *= s
@@ -264,12 +283,12 @@ def asan_build(source: Path, name: str, out: Path) -> Path | None:
 
 def _verdicts(module: Path, name: str, grouped: list, folder: Path) -> dict[int, str]:
     """Each draft's verdict from standalone/probe.py (`grouped`: (group, arguments), a group
-    ending at its first `ok`); those it did not reach in PROBE_LIMITS have none."""
+    ending at its KEEP-th `ok`); those it did not reach in PROBE_LIMITS have none."""
     data = folder / "drafts.pt"
     torch.save(grouped, data)
     env = {"LD_PRELOAD": _libasan(), "ASAN_OPTIONS": ASAN_OPTIONS, "OMP_NUM_THREADS": "1"}
     out = folder / "verdicts.jsonl"
-    argv = [sys.executable, str(PROBE), str(module), name, str(data), str(out)]
+    argv = [sys.executable, str(PROBE), str(module), name, str(data), str(out), str(KEEP)]
     sandbox.run(argv, PROBE_LIMITS, env=env, cwd=folder, readable=[module.parent])
     verdicts = {}
     for line in (sandbox.read_output(out) or b"").decode().splitlines():
@@ -306,8 +325,17 @@ def probed_calls(
     with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
         grouped = [(sizes.index(n), args) for n, _, args in flat]
         verdicts = _verdicts(module, name, grouped, Path(tmp))
-    held = {n: (combo, args) for k, (n, combo, args) in enumerate(flat) if verdicts.get(k) == "ok"}
+    held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
+    for k, (n, _, args) in enumerate(flat):
+        if verdicts.get(k) == "ok":
+            held.setdefault(n, []).append(args)
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
         return f"no drafted call ran clean through its CPU implementation ({', '.join(seen)})"
-    return [BaseCall(held[n][1], PROBE_ORIGIN) for n in sizes if n in held]
+    # each size's best draft first (the plan's first calls), then the runners-up
+    return [
+        BaseCall(held[n][rank], PROBE_ORIGIN)
+        for rank in range(KEEP)
+        for n in sizes
+        if rank < len(held.get(n, []))
+    ]

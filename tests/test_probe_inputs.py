@@ -55,8 +55,10 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
       int64_t* order = keep.data_ptr<int64_t>();
       TORCH_CHECK(mask.scalar_type() == at::kBool);
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "f", [&] { x.data_ptr<scalar_t>(); });
+      int* corners = nbr.data_ptr<int>() + i * 8;
+      float* plane = p.data_ptr<float>() + b * 3 * n;
     """
-    facts = {name: TensorFacts() for name in ("boxes", "points", "keep", "mask", "x")}
+    facts = {name: TensorFacts() for name in ("boxes", "points", "keep", "mask", "x", "nbr", "p")}
     for name, f in facts.items():
         read_facts(code, name, f)
     assert facts["boxes"].fixed_dims == {1: 7} and facts["boxes"].ndim == 2
@@ -64,6 +66,9 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
     assert facts["keep"].dtype == torch.int64
     assert facts["mask"].dtype == torch.bool
     assert facts["x"].dtype == torch.float32  # a dispatch's template type
+    # rows of eight read from a pointer stepped by a literal: the last dimension is 8
+    assert facts["nbr"].row == 8 and facts["nbr"].shape(5, 0) == [5, 8]
+    assert facts["p"].row is None and facts["p"].shape(5, 0) == [5]  # a product, no row width
 
 
 def test_drafts_start_from_the_widest_range_and_the_size_itself():
@@ -98,7 +103,13 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     reference.write_text(REFERENCE)
     texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
     calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes")
-    assert isinstance(calls, list) and len(calls) == 3  # one call per size
+    assert isinstance(calls, list) and len(calls) == 6  # two calls per size
+    # each size's best draft first, then the runners-up, which hold other index ranges
+    assert [c.args[0].shape[0] for c in calls] == [16, 7, 29] * 2
+    assert all(
+        not torch.equal(a.args[1], b.args[1]) or not torch.equal(a.args[2], b.args[2])
+        for a, b in zip(calls[:3], calls[3:], strict=True)
+    )
     for call in calls:
         feats, idx, coords, s = call.args
         assert "AddressSanitizer" in call.origin
@@ -110,7 +121,7 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     built = list((tmp_path / "probes").rglob("*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
-    assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 3
+    assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 6
     assert built[0].stat().st_mtime_ns == mtime
 
 

@@ -8,9 +8,9 @@ exception, `crashed` or `timeout`, `empty` when the call wrote nothing but zeros
 A draft out of bounds may write over memory it does not own; in a child of its own, that harms
 no other draft, and a crash costs a fork, not a start of torch.
 
-Drafts come in groups, best first, and a group ends at its first `ok`. Each verdict is appended
-to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl, DRAFTS a
-list of (group, arguments). Needs only python and torch.
+Drafts come in groups, best first, and a group ends at its KEEP-th `ok`. Each verdict is
+appended to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl KEEP,
+DRAFTS a list of (group, arguments). Needs only python and torch.
 """
 
 from __future__ import annotations
@@ -102,22 +102,22 @@ def _in_child(fn, args: list) -> str:
 
 
 def main() -> int:
-    module_path, name, drafts_path, out_path = sys.argv[1:5]
+    module_path, name, drafts_path, out_path, keep = sys.argv[1:6]
     torch.set_num_threads(1)  # no thread pool to lose in the children
     drafts = torch.load(drafts_path, weights_only=True)
     reports = open("asan.txt", "ab")  # noqa: SIM115 (held for the whole run, as stderr)
     os.dup2(reports.fileno(), 2)
     fn = _load(module_path, name).reference
-    finished = set()
+    held: dict = {}  # group -> its drafts that ran ok
     with open(out_path, "a", encoding="utf-8") as out:
         for k, (group, args) in enumerate(drafts):
-            if group in finished:
+            if held.get(group, 0) >= int(keep):
                 continue
             verdict = _in_child(fn, args)
             out.write(json.dumps({"draft": k, "verdict": verdict}) + "\n")
             out.flush()
             if verdict == "ok":
-                finished.add(group)
+                held[group] = held.get(group, 0) + 1
     return 0
 
 
