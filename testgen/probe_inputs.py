@@ -83,7 +83,6 @@ class TensorFacts:
     fixed_dims: dict = field(default_factory=dict)  # dim -> size the code checks it against
     row: int | None = None  # elements a row, where the code steps its data by a literal
 
-
     @property
     def dtype(self) -> torch.dtype:
         return self.dtypes[0] if self.dtypes else torch.float32
