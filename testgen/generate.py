@@ -300,7 +300,14 @@ def generate_for(
     selectors = kernel_selectors(label_text, cand.kernel.name, params or [], args)
     sized = shape_selectors(label_text, cand.kernel.name, params or [], args)
     case_plan = plan(
-        base, label_dtypes(label_text), params, derived, bool(made_by), selectors, sized
+        base,
+        label_dtypes(label_text),
+        params,
+        derived,
+        bool(made_by),
+        selectors,
+        sized,
+        whole=source == "probe",
     )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))

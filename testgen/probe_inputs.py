@@ -103,27 +103,39 @@ class TensorFacts:
         return shape
 
 
-def _dtype_of(type_text: str) -> torch.dtype | None:
+def _dtype_of(type_text: str, aliases: dict | None = None) -> torch.dtype | None:
     words = [w for w in re.findall(r"\w+", type_text) if w not in ("const", "at", "c10", "std")]
-    return _DTYPES.get(" ".join(words)) if words else None
+    text = " ".join(words)
+    return _DTYPES.get((aliases or {}).get(text, text)) if words else None
 
 
-def read_facts(code: str, name: str, facts: TensorFacts) -> None:
+def type_aliases(code: str) -> dict[str, str]:
+    """The code's own names for C types (`using Int = int32_t;`, `typedef long long idx_t;`):
+    SparseConvNet reads every index as `data_ptr<Int>()`."""
+    found = {m[1]: m[2] for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([\w\s:]+?)\s*;", code)}
+    found |= {m[2]: m[1] for m in re.finditer(r"\btypedef\s+([\w\s:]+?)\s+(\w+)\s*;", code)}
+    return {k: " ".join(w for w in re.findall(r"\w+", v) if w != "std") for k, v in found.items()}
+
+
+def read_facts(code: str, name: str, facts: TensorFacts, aliases: dict | None = None) -> None:
     """Add what `code` says of the tensor it calls `name`: the element types its data is read
-    as, the sizes and strides it reads, the dimensions and dtype it checks."""
+    as (through the code's `aliases` of C types), the sizes and strides it reads, the dimensions
+    and dtype it checks."""
     n = re.escape(name)
     member = rf"\b{n}\s*(?:\.|->)\s*"
     for m in re.finditer(member + _DATA + r"\s*<([^<>()]+)>", code):
-        _note(facts, _dtype_of(m[1]), m[1])
+        _note(facts, _dtype_of(m[1], aliases), m[1])
     row_step = r"\s*<[^<>()]+>\s*\(\s*\)\s*\+\s*(?:\w+\s*\*\s*(\d+)|(\d+)\s*\*\s*\w+)\b(?!\s*[*(])"
     for m in re.finditer(member + _DATA + row_step, code):
         if 1 < int(m[1] or m[2]) <= 64:
             facts.row = int(m[1] or m[2])
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
-        _note(facts, _dtype_of(m[1]), m[1])
+        _note(facts, _dtype_of(m[1], aliases), m[1])
         facts.rank = max(facts.rank, int(m[2]))
-    for m in re.finditer(member + r"(?:size|stride)\s*\(\s*(\d+)\s*\)", code):
+    for m in re.finditer(member + r"size\s*\(\s*(\d+)\s*\)", code):
         facts.rank = max(facts.rank, int(m[1]) + 1)
+    for m in re.finditer(member + r"stride\s*\(\s*(\d+)\s*\)", code):  # steps over dim k
+        facts.rank = max(facts.rank, int(m[1]) + 2)  # to reach dim k + 1 (a row's stride)
     for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):
         facts.rank = max(facts.rank, int(m[1]) + 1)
     for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)\b", code):
@@ -229,7 +241,9 @@ def _summing(counts: list[int], total: int):
 def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]]) -> list | None:
     """A slot per parameter, tensors with what `texts` (code, its names for the parameters by
     position) say of them; None when a parameter is of a kind no draft makes."""
-    slots = []
+    slots, aliases = [], {}
+    for code, _ in texts:
+        aliases |= type_aliases(code)
     for i, (type_text, _) in enumerate(params):
         kind = param_kind(type_text)
         if kind not in ("tensor", "int", "float", "bool"):
@@ -239,7 +253,7 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
             facts = TensorFacts()
             for code, names in texts:
                 if i < len(names) and names[i]:
-                    read_facts(code, names[i], facts)
+                    read_facts(code, names[i], facts, aliases)
         slots.append(Slot(kind, facts))
     return slots if any(s.kind == "tensor" for s in slots) else None
 

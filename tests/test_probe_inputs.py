@@ -71,6 +71,31 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
     assert facts["p"].row is None and facts["p"].shape(5, 0) == [5]  # a product, no row width
 
 
+def test_the_codes_own_type_names_and_row_strides_are_read():
+    """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
+    steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
+    from testgen.probe_inputs import type_aliases
+
+    code = """
+      using Int = int32_t;
+      typedef long long index_t;
+      template <Int d> using Point = std::array<Int, d>;
+      auto r = rules.data_ptr<Int>();
+      auto o = offsets.data_ptr<index_t>();
+      float v = feats.data_ptr<float>()[row * feats.stride(0) + j];
+    """
+    aliases = type_aliases(code)
+    assert aliases == {"Int": "int32_t", "index_t": "long long"}
+    facts = {name: TensorFacts() for name in ("rules", "offsets", "feats")}
+    for name, f in facts.items():
+        read_facts(code, name, f, aliases)
+    assert facts["rules"].dtype == torch.int32 and facts["offsets"].dtype == torch.int64
+    assert facts["feats"].ndim == 2  # a row's stride: the rows have columns
+    unaliased = TensorFacts()
+    read_facts(code, "rules", unaliased)
+    assert unaliased.dtype == torch.float32  # unknown to the table: taken for a template type
+
+
 def test_drafts_start_from_the_widest_range_and_the_size_itself():
     slots = slots_for(PARAMS, [(LABEL, [n for _, n in PARAMS])])
     assert [s.kind for s in slots] == ["tensor", "tensor", "tensor", "int"]

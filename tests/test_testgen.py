@@ -1324,3 +1324,27 @@ def test_a_kernel_skipped_on_a_rerun_keeps_no_test_from_the_run_before():
     _skip(cand, Reason.NO_REFERENCE, "InterpFaceAttrsForwardCpu only raises")
     assert cand.stages["testgen"].reason == Reason.NO_REFERENCE
     assert cand.tests == Tests() and not cand.tests.path
+
+
+def test_probed_calls_are_planned_whole():
+    """A probed call is valid only as the CPU implementation ran it: cutting rows off a table
+    that an index tensor points into reads past it (torchsparse's voxelize backward reference
+    died of SIGSEGV on such a cut), so the plan varies values and dtypes only."""
+    feats, idx = torch.randn(16, 16), torch.arange(16, dtype=torch.int32) % 16
+    counts = torch.ones(16, dtype=torch.int32)
+    calls = [
+        BaseCall([feats, idx, counts, True], "probe"),
+        BaseCall([feats[:7], idx[:7], counts, True], "probe"),
+    ]
+    names = ["feats", "idx", "counts", "flag"]
+    cut = plan(calls, ["float32", "float64"], names, made=True)
+    assert any(c["base"] >= len(calls) for c in cut.cases)  # unprobed calls derive new ones
+    whole = plan(calls, ["float32", "float64"], names, made=True, whole=True)
+    assert len(whole.base) == len(calls)  # no call beside the probed ones
+    assert all(c.get("tile") is None and c.get("flag") is None for c in whole.cases)
+    assert {c["id"] for c in whole.cases} >= {
+        "generated_0",
+        "generated_1",
+        "edge_large",
+        "typical_float64",
+    }
