@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testgen.probe_inputs import TensorFacts, drafts, probed_calls, read_facts, slots_for
+from testgen.probe_inputs import KEEP, TensorFacts, drafts, probed_calls, read_facts, slots_for
 
 LABEL = """
 at::Tensor scatter_rows_cuda(const at::Tensor feats, const at::Tensor idx,
@@ -128,12 +128,12 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     reference.write_text(REFERENCE)
     texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
     calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes")
-    assert isinstance(calls, list) and len(calls) == 6  # two calls per size
+    assert isinstance(calls, list) and len(calls) == 3 * KEEP  # KEEP calls per size
     # each size's best draft first, then the runners-up, which hold other index ranges
-    assert [c.args[0].shape[0] for c in calls] == [16, 7, 29] * 2
+    assert [c.args[0].shape[0] for c in calls] == [16, 7, 29] * KEEP
     assert all(
         not torch.equal(a.args[1], b.args[1]) or not torch.equal(a.args[2], b.args[2])
-        for a, b in zip(calls[:3], calls[3:], strict=True)
+        for a, b in zip(calls[:3], calls[3:6], strict=True)
     )
     for call in calls:
         feats, idx, coords, s = call.args
@@ -146,7 +146,7 @@ def test_the_kept_calls_are_those_the_asan_build_runs_clean(tmp_path):
     built = list((tmp_path / "probes").rglob("*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
-    assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 6
+    assert len(probed_calls(PARAMS, texts, reference, tmp_path / "probes")) == 3 * KEEP
     assert built[0].stat().st_mtime_ns == mtime
 
 
