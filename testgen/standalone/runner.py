@@ -57,6 +57,7 @@ Why it is shaped like this:
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures as cf
 import datetime
 import hashlib
@@ -88,6 +89,7 @@ OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases")
 OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 MAX_FAULTED_CASES = 3  # label runs again without a made case it faulted on, at most this often
+MAX_ISOLATED_CASES = 16  # made cases run one at a time to find those that end the process
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
 CUDA_ERROR = re.compile(
     r"illegal memory access|unspecified launch failure|device-side assert|misaligned address"
@@ -250,6 +252,26 @@ def outside_cases(cases) -> dict[str, str]:
     }
 
 
+def _case_ids(test: Path) -> tuple[list[str], list[str]]:
+    """(every case id, those of cases kminer made) of a test, read from its CASES literal."""
+    try:
+        tree = ast.parse(test.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return [], []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CASES" for t in node.targets
+        ):
+            try:
+                cases = ast.literal_eval(node.value)
+            except ValueError:
+                return [], []
+            ids = [str(c["id"]) for c in cases if isinstance(c, dict) and "id" in c]
+            made = [str(c["id"]) for c in cases if isinstance(c, dict) and c.get("made")]
+            return ids, made
+    return [], []
+
+
 def judged_cases(cases) -> list[str]:
     """The ids of the cases a label's run passed: it gave the reference's result there, so a
     later run may not excuse a difference there as the kernel's nondeterminism."""
@@ -407,7 +429,32 @@ class Runner:
                 break
             outside.update({str(k): str(v) for k, v in faulted.items()})
             label = self.check(test, impl, ref, build_dir, outside=outside)
+        if label.outcome == "crash" and not label.report.get("cases"):
+            ended = self._ending_cases(test, impl, ref, build_dir, outside, label.detail)
+            if ended:
+                outside.update(ended)
+                label = self.check(test, impl, ref, build_dir, outside=outside)
         return label
+
+    def _ending_cases(
+        self, test: Path, impl: Path, ref: Path, build_dir: Path, outside: dict, how: str
+    ) -> dict[str, str]:
+        """{case id: why} of the cases kminer made that end the label's process when run alone.
+        The repository's host code may abort on an input its CPU twin takes (SparseConvNet's
+        `assert(false)` where no tile size divides the planes): no report survives the abort,
+        so each made case runs alone (the others left out) to find those that do it. A case
+        recorded from the repository's own call that ends it stays a crash of the test."""
+        ids, made = _case_ids(test)
+        ended = {}
+        todo = [c for c in made if c not in outside][:MAX_ISOLATED_CASES]
+        for cid in todo:
+            alone = {**outside, **{o: "run apart" for o in ids if o != cid}}
+            if self.check(test, impl, ref, build_dir, outside=alone).outcome == "crash":
+                ended[cid] = (
+                    f"{OUTSIDE_NOTE.removeprefix('invalid: ')}: the repository's code ended the "
+                    f"process on this input kminer made ({how})"
+                )
+        return ended
 
     def _variant(
         self, test: Path, path: Path, ref: Path, build_dir: Path, outside: dict, judged: list
