@@ -439,14 +439,10 @@ def plan(
             out.base.append(BaseCall(args, b.origin, rows_of=i, rows=m))
             add(f"rows{m}_of_{i}", len(out.base) - 1)
     largest = max(range(len(base)), key=lambda i: _size(base[i].args))
-    more = (
-        []
-        if whole
-        else [more_rows(base[largest].args, names, MAX_ELEMENTS // 2, evidence[largest])]
-    )
-    if (
-        more and more[0] is None
-    ):  # segments of a CSR pointer; two sizes where there is nothing to vary
+    more = []
+    if not whole:
+        more = [more_rows(base[largest].args, names, MAX_ELEMENTS // 2, evidence[largest])]
+    if more and more[0] is None:  # segments of a CSR pointer; two sizes where nothing varies
         more = [more_segments(base[largest].args, MAX_ELEMENTS // 2)]
         if more[0] is not None and _first_float(base[0].args) is None:
             more.append(more_segments(base[largest].args, MAX_ELEMENTS // 2, at_least=1031))
