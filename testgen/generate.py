@@ -289,7 +289,7 @@ def generate_for(
         _skip(
             cand,
             Reason.NO_CASES,
-            "; ".join(why),
+            "; ".join(dict.fromkeys(why)),  # one reason per kind, not one per recorded call
             reference_kind=found.kind,
             llm_inputs_tried=inputs_tried,
         )

@@ -7,7 +7,8 @@ implementation the test compares with knows the contract, though, and built with
 it reports the first read or write outside a tensor. So calls are drafted from the host
 function's signature and the code around it (each tensor's dtype and rank as the code reads them,
 a size the code checks against a number, every other size the same n, each integer tensor holding
-every value of a range, each integer a size or a small count, each flag either way) and run
+every value of a range, each integer a size or a small count, each flag either way, each string
+a mode the code names) and run
 through that build in the sandbox (standalone/probe.py). A draft counts when it ran without a
 report, an exception or a crash and wrote something not zero; the first KEEP such drafts in order
 of preference (the widest ranges, the size itself) are kept at each n, so an op of integer
@@ -159,10 +160,22 @@ def _note(facts: TensorFacts, dtype: torch.dtype | None, type_text: str) -> None
 
 @dataclass
 class Slot:
-    """One parameter of the drafts: its kind and, for a tensor, what the code says of it."""
+    """One parameter of the drafts: its kind and, for a tensor, what the code says of it; for
+    a string, the modes the code names."""
 
     kind: str
     facts: TensorFacts | None = None
+    modes: tuple = ()
+
+
+def string_modes(code: str, name: str) -> tuple[str, ...]:
+    """The words a string parameter may hold, as the code names them: compared with it
+    (`reduce == "max"`), then keys of a table from words (pytorch_sparse's
+    `reduce2REDUCE = {{"sum", SUM}, {"mean", MEAN}, ...}`, read by its dispatch macro)."""
+    n = re.escape(name)
+    compared = re.findall(rf'\b{n}\s*==\s*"(\w+)"|"(\w+)"\s*==\s*{n}\b', code)
+    keys = re.findall(r'\{\s*"(\w{1,16})"\s*,\s*[\w:]+\s*\}', code)
+    return tuple(dict.fromkeys([a or b for a, b in compared] + keys))[:6]
 
 
 def _choices(slot: Slot, n: int) -> tuple:
@@ -173,6 +186,8 @@ def _choices(slot: Slot, n: int) -> tuple:
         return tuple(dict.fromkeys((n, 4, 2, 1, 0)))
     if slot.kind == "bool":
         return (False, True)
+    if slot.kind == "str":
+        return slot.modes
     if slot.kind != "tensor":
         return (None,)
     dtype = slot.facts.dtype
@@ -248,6 +263,13 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
         aliases |= type_aliases(code)
     for i, (type_text, _) in enumerate(params):
         kind = param_kind(type_text)
+        if kind == "str":
+            named = [string_modes(code, names[i]) for code, names in texts if i < len(names)]
+            modes = tuple(dict.fromkeys(m for found in named for m in found))
+            if not modes:
+                return None
+            slots.append(Slot(kind, modes=modes))
+            continue
         if kind not in ("tensor", "int", "float", "bool"):
             return None
         facts = None

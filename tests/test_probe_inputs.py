@@ -114,6 +114,24 @@ def test_drafts_start_from_the_widest_range_and_the_size_itself():
     assert len({c for c, _ in made}) == len(made)
 
 
+def test_a_string_parameter_tries_the_modes_the_code_names():
+    """pytorch_sparse's spmm_value_bw takes `std::string reduce`, read through a dispatch
+    macro's table of words; a comparison names a mode too. A string the code names no word
+    for is no draft."""
+    from testgen.probe_inputs import string_modes
+
+    table = 'const std::map<std::string, R> reduce2REDUCE = {\n  {"sum", SUM}, {"mean", MEAN},\n};'
+    code = table + '\nif (reduce == "max") {}\nTORCH_CHECK(false, "bad reduce");'
+    assert string_modes(code, "reduce") == ("max", "sum", "mean")
+    params = [("torch::Tensor", "x"), ("std::string", "reduce")]
+    slots = slots_for(params, [(code, ["x", "reduce"])])
+    assert [s.kind for s in slots] == ["tensor", "str"] and slots[1].modes == ("max", "sum", "mean")
+    made = drafts(slots, 5)
+    assert made[0][1][1] == "max"  # the compared word first
+    assert [args[1] for combo, args in made if combo[0] == 0] == ["max", "sum", "mean"]
+    assert slots_for(params, [("int f(std::string reduce);", ["x", "reduce"])]) is None
+
+
 def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts(tmp_path):
     listed = [("std::vector<int64_t>", "sizes"), ("at::Tensor", "x")]
     assert slots_for(listed, []) is None
