@@ -179,8 +179,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("affine_forward_cuda_kernel", &
 
 
 @pytest.mark.slow
-def test_generated_inputs_tests_pass_the_right_code_and_fail_a_wrong_one(refrepo, tmp_path, store):
-    """Both ways of making inputs, run by the generated test on CPU implementations."""
+def test_generated_inputs_tests_pass_the_right_code_and_fail_a_wrong_one(
+    refrepo, tmp_path, store, monkeypatch
+):
+    """Both ways of making inputs, run by the generated test on CPU implementations. The
+    probe (which would come before the model) is off: the model's inputs are under test."""
+    monkeypatch.setenv("KMINER_PROBE", "off")
     rule_dir, llm_dir = tmp_path / "rule", tmp_path / "llm"
     rule_dir.mkdir(), llm_dir.mkdir()
     cand, _ = rule_candidate(refrepo, rule_dir)
