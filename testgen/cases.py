@@ -490,9 +490,11 @@ def plan(
         for i in list(firsts.values())[1:MAX_MODE_EDGES]:  # each other mode's values, x LARGE
             if _first_float(base[i].args) is not None:
                 add(f"edge_large_{i}", i, edge="large")
-        tiled = None if whole else channel_tiling(base[largest].args, names)
-        if not tiled and not whole and len(shapes) < MIN_SHAPES:
-            tiled = channel_tiling(base[largest].args, names, loose=True)
+        tiled = None
+        if not whole:
+            tiled = channel_tiling(base[largest].args, names)
+            if not tiled and len(shapes) < MIN_SHAPES:
+                tiled = channel_tiling(base[largest].args, names, loose=True)
         if tiled:
             for times in tile_times(base[largest].args[d].numel()):
                 add(f"channels_x{times}", largest, tile={"args": tiled, "times": times})

@@ -45,6 +45,7 @@ from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
 from testgen.standalone import PROBE
+from wrappers.adapter import aliases as type_aliases
 
 log = logging.getLogger(__name__)
 SIZES_BY_RANK = {2: (16, 7, 29), 3: (10, 5, 13), 4: (6, 4, 7)}  # n per draft set, by the top rank
@@ -106,18 +107,19 @@ class TensorFacts:
         return shape
 
 
+def _words(type_text: str) -> str:
+    return " ".join(
+        w for w in re.findall(r"\w+", type_text) if w not in ("const", "at", "c10", "std")
+    )
+
+
 def _dtype_of(type_text: str, aliases: dict | None = None) -> torch.dtype | None:
-    words = [w for w in re.findall(r"\w+", type_text) if w not in ("const", "at", "c10", "std")]
-    text = " ".join(words)
-    return _DTYPES.get((aliases or {}).get(text, text)) if words else None
-
-
-def type_aliases(code: str) -> dict[str, str]:
-    """The code's own names for C types (`using Int = int32_t;`, `typedef long long idx_t;`):
-    SparseConvNet reads every index as `data_ptr<Int>()`."""
-    found = {m[1]: m[2] for m in re.finditer(r"\busing\s+(\w+)\s*=\s*([\w\s:]+?)\s*;", code)}
-    found |= {m[2]: m[1] for m in re.finditer(r"\btypedef\s+([\w\s:]+?)\s+(\w+)\s*;", code)}
-    return {k: " ".join(w for w in re.findall(r"\w+", v) if w != "std") for k, v in found.items()}
+    """The dtype of a C type, through the code's own names for types (`using Int = int32_t;`:
+    SparseConvNet reads every index as `data_ptr<Int>()`)."""
+    text = _words(type_text)
+    if aliases and text in aliases:
+        text = _words(aliases[text])
+    return _DTYPES.get(text) if text else None
 
 
 def read_facts(code: str, name: str, facts: TensorFacts, aliases: dict | None = None) -> None:
@@ -260,7 +262,7 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
     position) say of them; None when a parameter is of a kind no draft makes."""
     slots, aliases = [], {}
     for code, _ in texts:
-        aliases |= type_aliases(code)
+        aliases |= type_aliases(code)  # the adapter's reading of `using` and `typedef`
     for i, (type_text, _) in enumerate(params):
         kind = param_kind(type_text)
         if kind == "str":

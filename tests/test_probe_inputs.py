@@ -74,7 +74,7 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
 def test_the_codes_own_type_names_and_row_strides_are_read():
     """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
     steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
-    from testgen.probe_inputs import type_aliases
+    from wrappers.adapter import aliases as type_aliases
 
     code = """
       using Int = int32_t;
@@ -85,7 +85,7 @@ def test_the_codes_own_type_names_and_row_strides_are_read():
       float v = feats.data_ptr<float>()[row * feats.stride(0) + j];
     """
     aliases = type_aliases(code)
-    assert aliases == {"Int": "int32_t", "index_t": "long long"}
+    assert aliases["Int"] == "int32_t" and aliases["index_t"] == "long long"
     facts = {name: TensorFacts() for name in ("rules", "offsets", "feats")}
     for name, f in facts.items():
         read_facts(code, name, f, aliases)

@@ -449,7 +449,9 @@ class Runner:
         todo = [c for c in made if c not in outside][:MAX_ISOLATED_CASES]
         for cid in todo:
             alone = {**outside, **{o: "run apart" for o in ids if o != cid}}
-            if self.check(test, impl, ref, build_dir, outside=alone).outcome == "crash":
+            # untimed: whether it ends the process is all this run asks (no timing, no
+            # calibration of a case that differs)
+            if self.check(test, impl, ref, build_dir, False, alone).outcome == "crash":
                 ended[cid] = (
                     f"{OUTSIDE_NOTE.removeprefix('invalid: ')}: the repository's code ended the "
                     f"process on this input kminer made ({how})"
