@@ -273,7 +273,8 @@ def generate_for(
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
         if not base:
             never = f"the repository's tests never call {python_fn or 'its op'}"
-            why, made_by = [*(why or [never]), made_by], ""
+            why, made_by = [made_by, *(why or [never])], ""  # the last tried first: the
+            # recorded calls' reasons would fill the 300 characters before it
     tried = llm is not None and isinstance(found, str) and bool(base)
     if tried:
         written = _llm_reference(cand, refs, base, label_text, sig, llm, workdir)

@@ -28,14 +28,17 @@ _INTEGRAL = re.compile(r"\b(?:int|long|short|unsigned|signed|size_t|u?int\d+_t|c
 
 
 def param_kind(type_text: str) -> str:
-    """What a C++ parameter takes from Python: tensor, tensor?, int, float, bool, ints, floats,
-    str, or any (something pybind converts that we do not check)."""
+    """What a C++ parameter takes from Python: tensor, tensor?, int, float, bool, ints, intlists
+    (a list of lists: groups of indices), floats, str, or any (something pybind converts that
+    we do not check)."""
     t = " ".join(re.sub(r"\b(?:const|volatile)\b|&", " ", type_text).split())
     core = t.split("::")[-1]
     if re.fullmatch(r"(?:\w+::)*Tensor", t):
         return "tensor"
     if re.search(r"optional<\s*(?:\w+::)*Tensor\s*>", t):
         return "tensor?"
+    if re.search(r"vector<\s*(?:std::)?vector<.*(?:int|long)", t):
+        return "intlists"
     if re.search(r"(?:vector|ArrayRef)<\s*(?:float|double)\s*>", t):
         return "floats"
     if re.search(r"vector<.*(?:int|long)|IntArrayRef", t):

@@ -168,6 +168,17 @@ class Slot:
     kind: str
     facts: TensorFacts | None = None
     modes: tuple = ()
+    width: int = 1  # of a list of index groups: the indices one entry of a group takes
+
+
+def group_width(code: str, name: str) -> int | None:
+    """How many indices make one entry of a group, as the code that loops over the groups
+    `name` counts them (`for (auto &r : _rules) { Int nHot = r.size() / 2; ...`)."""
+    for loop in re.finditer(rf"\bfor\s*\([^;:()]*?&\s*(\w+)\s*:\s*{re.escape(name)}\s*\)", code):
+        size = re.search(rf"\b{loop[1]}\s*\.\s*size\s*\(\s*\)\s*/\s*(\d+)\b", code[loop.end() :])
+        if size and 0 < int(size[1]) <= 16:
+            return int(size[1])
+    return None
 
 
 def string_modes(code: str, name: str) -> tuple[str, ...]:
@@ -190,6 +201,8 @@ def _choices(slot: Slot, n: int) -> tuple:
         return (False, True)
     if slot.kind == "str":
         return slot.modes
+    if slot.kind == "intlists":  # (groups, entries a group)
+        return ((3, n), (1, n), (3, max(2, n // 4)))
     if slot.kind != "tensor":
         return (None,)
     dtype = slot.facts.dtype
@@ -219,6 +232,18 @@ def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.T
     return values[torch.randperm(count, generator=gen)].to(facts.dtype).reshape(shape)
 
 
+def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[list[int]]:
+    """Groups of `count` entries of `width` indices below n, each index column of a group
+    distinct (a rule book's group pairs each input row with one output row: a kernel that
+    writes each output once per group would race on a repeated one), flattened per group."""
+    groups, count = choice
+    out = []
+    for _ in range(groups):
+        columns = [torch.randperm(n, generator=gen)[:count] for _ in range(width)]
+        out.append(torch.stack(columns, 1).reshape(-1).tolist())
+    return out
+
+
 def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
     from each slot's first choice."""
@@ -230,6 +255,8 @@ def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
         for slot, opts, k in zip(slots, options, combo, strict=True):
             if slot.kind == "tensor":
                 args.append(_tensor(slot.facts, n, opts[k], gen))
+            elif slot.kind == "intlists":
+                args.append(_groups(slot.width, n, opts[k], gen))
             elif slot.kind == "float":
                 args.append(next(floats))
             else:
@@ -271,6 +298,13 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
             if not modes:
                 return None
             slots.append(Slot(kind, modes=modes))
+            continue
+        if kind == "intlists":  # only where the code says how wide an entry is
+            widths = [group_width(code, names[i]) for code, names in texts if i < len(names)]
+            width = next((w for w in widths if w), None)
+            if width is None:
+                return None
+            slots.append(Slot(kind, width=width))
             continue
         if kind not in ("tensor", "int", "float", "bool"):
             return None

@@ -37,6 +37,7 @@ from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from testgen.group_twin import group_loop, groups_index, helper_code, twin_names
 from testgen.pointer_twin import pointer_adapter, pointer_reference
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
@@ -83,6 +84,7 @@ class Located:
     via: str  # the function whose arguments the CPU function takes (device_fn, op function)
     template_args: str = ""  # the call site's explicit ones (`cpu_BatchNorm<float>(...)`)
     pointer_adapter: str = ""  # the label's adapter over a pointer launcher (pointer_adapter)
+    group_helper: tuple[str, str] = ("", "")  # (name, code) looping a group twin (group_twin)
 
 
 class RepoRefs:
@@ -296,6 +298,12 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             found = attempt("twin", twin, path, mine)
             if found:
                 return found
+    if adapted:  # 4. a twin taking one group of the launcher's list of groups
+        found = _group_twin(refs, e_item, sig, adapter_text)
+        if isinstance(found, Located):
+            return found
+        if found:
+            reasons.append(found)
     if reasons:
         return reasons[0]
     if undefined:
@@ -335,6 +343,42 @@ def _other_device_branch(body: str, callee: str, defined: dict) -> set[str]:
         return set()
     named = set(re.findall(r"\b([A-Za-z_]\w*)\s*(?:<[^<>;()]*>)?\s*\(", text))
     return {n for n in named - {callee} if n in defined and call_args(body, n) == mine}
+
+
+def _group_twin(refs: RepoRefs, launcher: Item, sig: Signature, adapter_text: str):
+    """A Located whose CPU function is the twin of a launcher that takes a list of groups
+    where the twin takes one group (testgen.group_twin); a reason, or None when it is not so."""
+    l_sig = refs.signature(launcher)
+    groups = groups_index(sig.params)
+    if l_sig is None or groups is None or l_sig.returns.strip() != "void":
+        return None
+    for twin in twin_names(launcher.names[0]):
+        item = refs.definition(twin, host_side=True)
+        t_sig = refs.signature(item) if item else None
+        if t_sig is None or _GPU_DIR.search(item.file) or _only_raises(refs.body(item)):
+            continue
+        callers = [
+            refs.body(it)
+            for items in refs.defs.values()
+            for it in items
+            if twin in it.refs and it is not item and not _GPU_DIR.search(it.file)
+        ]
+        loop = group_loop(l_sig.params, t_sig.params, callers, twin, groups)
+        if not loop.lstrip().startswith("for"):
+            return loop
+        name = f"kminer_groups_{launcher.names[0]}"
+        helper = helper_code(name, l_sig.template, l_sig.params, groups, loop)
+        return Located(
+            "group twin",
+            item,
+            sig,
+            [n for _, n in sig.params],
+            launcher.names[0],
+            "",
+            adapter_text,
+            (name, helper),
+        )
+    return None
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
@@ -399,8 +443,14 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
     if loc.pointer_adapter:
+        helper_name, helper = loc.group_helper
         code, target = pointer_reference(
-            loc.pointer_adapter, loc.exposed.name, cand.wrapper.launcher, cpu
+            loc.pointer_adapter, loc.exposed.name, cand.wrapper.launcher, helper_name or cpu
+        )
+        code = (
+            f"// kminer: {cpu} takes one group; the CPU op's loop over groups\n{helper}{code}"
+            if helper
+            else code
         )
     else:
         code, target = adapter(

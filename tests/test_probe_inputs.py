@@ -179,3 +179,29 @@ def test_drafts_come_by_steps_without_enumerating_every_choice():
     first = list(itertools.islice(_by_steps([8] * 10), 96))  # 8**10 tuples: never listed
     assert first[0] == (0,) * 10 and len(set(first)) == 96
     assert all(sum(a) <= sum(b) for a, b in itertools.pairwise(first))
+
+
+def test_a_list_of_index_groups_is_drafted_as_wide_as_the_code_counts_its_entries():
+    """A rule book (`std::vector<std::vector<int32_t>>`) gets groups whose entries are as
+    wide as the loop over it counts them (`r.size() / 2`), each index column of a group
+    distinct (a kernel writing each output once a group would race on a repeated one) and
+    below n; where no code says the width, no draft."""
+    from testgen.probe_inputs import _groups, group_width
+
+    params = [("at::Tensor", "feats"), ("std::vector<std::vector<int32_t>>", "_rules")]
+    code = "for (auto &r : _rules) {\n  Int nHot = r.size() / 2;\n  f(feats, &r[0], nHot);\n}"
+    assert group_width(code, "_rules") == 2
+    assert group_width(code.replace("/ 2", "/ 3"), "_rules") == 3
+    assert group_width(code, "feats") is None
+    slots = slots_for(params, [(code, ["feats", "_rules"])])
+    assert slots is not None and (slots[1].kind, slots[1].width) == ("intlists", 2)
+    assert slots_for(params, [("f(feats, _rules);", ["feats", "_rules"])]) is None
+    made = drafts(slots, 16)
+    groups = made[0][1][1]
+    assert len(groups) == 3 and all(len(g) == 32 for g in groups)  # 3 groups of 16 pairs
+    for group in groups:
+        inputs, outputs = group[0::2], group[1::2]
+        assert len(set(inputs)) == len(inputs) and len(set(outputs)) == len(outputs)
+        assert all(0 <= v < 16 for v in group)
+    gen = torch.Generator().manual_seed(0)
+    assert [len(g) for g in _groups(3, 8, (1, 2), gen)] == [6]

@@ -451,3 +451,87 @@ def test_the_other_branch_of_a_device_test_is_the_cpu_side_whatever_its_name(tmp
     assert (found.mechanism, found.cpu.names[0], found.args) == (
         "direct", "corr_cpp_forward", ["a", "b", "k"]
     )  # fmt: skip
+
+
+def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(tmp_path):
+    """SparseConvNet's launchers take a rule book (a list of index groups, copied to the GPU a
+    group at a time) where the CPU twin takes one group as a pointer and a count. The CPU op's
+    own loop over the groups, with what it moves between groups, becomes the reference, its
+    arguments renamed to the launcher's. No loop over the groups in the CPU code: a reason."""
+    import torch
+    from torch.utils.cpp_extension import load
+
+    from wrappers.adapter import adapt
+
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "csrc" / "cuda").mkdir(parents=True)
+    (repo / "csrc" / "cpu").mkdir(parents=True)
+    types = (
+        "#pragma once\n#include <vector>\nusing Int = int32_t;\n"
+        "using RuleBook = std::vector<std::vector<Int>>;\n"
+    )
+    (repo / "csrc" / "types.h").write_text(types)
+    launcher = (
+        "template <typename T>\nvoid cuda_Pool_ForwardPass(T *in, T *out, Int nPlanes,\n"
+        "                            RuleBook _rules) {\n"
+        "  for (auto &r : _rules) {\n"
+        "    pool_fp<T><<<32, 32>>>(in, out, nPlanes, r.data(), r.size() / 2);\n"
+        "    out += nPlanes;\n  }\n}\n"
+    )
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(
+        '#include "../types.h"\ntemplate <typename T>\n'
+        "__global__ void pool_fp(T *in, T *out, Int nPlanes, const Int *rules, Int nHot) {\n"
+        "  for (Int n = threadIdx.x; n < nHot; n += blockDim.x)\n"
+        "    for (Int p = 0; p < nPlanes; p++)\n"
+        "      out[rules[2 * n + 1] * nPlanes + p] += in[rules[2 * n] * nPlanes + p];\n}\n"
+        + launcher
+    )
+    cpu = (
+        '#include "../types.h"\n#include <torch/extension.h>\n'
+        "template <typename T>\n"
+        "void Pool_ForwardPass(T *input, T *output, Int planes, const Int *rules, Int nHot) {\n"
+        "  for (Int n = 0; n < nHot; n++)\n    for (Int p = 0; p < planes; p++)\n"
+        "      output[rules[2 * n + 1] * planes + p] += input[rules[2 * n] * planes + p];\n}\n"
+        "template <typename T>\n"
+        "void cpu_Pool_updateOutput(at::Tensor &in, at::Tensor &out, const RuleBook &_rules) {\n"
+        "  Int nPlanes = in.size(1);\n  auto iF = in.data_ptr<T>();\n"
+        "  auto oF = out.data_ptr<T>();\n"
+        "  for (auto &r : _rules) {\n    Int nHot = r.size() / 2;\n"
+        "    Pool_ForwardPass<T>(iF, oF, nPlanes, &r[0], nHot);\n    oF += nPlanes;\n  }\n}\n"
+    )
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(cpu)
+    sig, code = adapt(parse_signature(launcher, "cuda_Pool_ForwardPass"), types + launcher)
+    work.mkdir()
+    (work / "label.cu").write_text(f"{types}\n{launcher}\n{code}\n")
+    kern = Kernel(
+        name="pool_fp", file="csrc/cuda/pool.cu", line=3, start_line=2, end_line=7, source=""
+    )
+    cand = Candidate(
+        id="d" * 16, kernel=kern, provenance=Provenance(repo_url="https://x/p", commit="b" * 40)
+    )
+    cand.wrapper.launcher, cand.wrapper.functions = "cuda_Pool_ForwardPass", [sig.name]
+    cand.wrapper.label_path = "label.cu"
+    ref = find_reference(cand, repo, work, RepoRefs(discover(repo)))
+    assert isinstance(ref, Reference), ref
+    assert (ref.function, ref.file) == ("Pool_ForwardPass", "csrc/cpu/pool.cpp")
+    text = (work / ref.path).read_text()
+    assert "Pool_ForwardPass<T>(in, out, nPlanes, &r[0], nHot);" in text  # renamed
+    assert "out += nPlanes;" in text  # what moves between groups
+    (tmp_path / "build").mkdir()
+    mod = load(
+        name="kminer_ref_groups",
+        sources=[str(work / ref.path)],
+        build_directory=str(tmp_path / "build"),
+        extra_cflags=["-w"],
+    )
+    x = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    out = torch.zeros(8, 2)
+    mod.reference(x, out, 2, [[0, 1, 3, 0], [2, 2]])  # group 2 lands a row further
+    want = torch.zeros(8, 2)
+    want[1], want[0], want[3] = x[0], x[3], x[2]
+    torch.testing.assert_close(out, want)
+    # the CPU op calls the twin once, outside any loop over the groups: no reference
+    flat = cpu.replace("for (auto &r : _rules) {", "{ auto &r = _rules[0];")
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(flat)
+    why = locate(cand, RepoRefs(discover(repo)), (work / "label.cu").read_text())
+    assert why == "no CPU code loops over groups calling Pool_ForwardPass"

@@ -36,6 +36,8 @@ def _fits(value, kind: str) -> bool:
         return isinstance(value, bool)
     if kind == "ints":
         return isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value)
+    if kind == "intlists":
+        return isinstance(value, (list, tuple)) and all(_fits(v, "ints") for v in value)
     if kind == "floats":
         return isinstance(value, (list, tuple)) and all(isinstance(v, _NUMBER) for v in value)
     if kind == "str":

@@ -1,0 +1,107 @@
+"""A CPU twin that takes one group of the list of groups its launcher takes.
+
+A launcher of raw pointers may take a rule book, a list of index groups it copies to the GPU one
+at a time (SparseConvNet's `cuda_MaxPooling_ForwardPass(T *in, T *out, Int nPlanes, ...,
+RuleBook _rules)`), where the CPU twin takes a single group as a pointer and a count
+(`MaxPooling_ForwardPass(T *in, T *out, Int nPlanes, ..., const Int *rules, Int nHot)`). The
+repository's own CPU op loops over the groups and calls the twin once per group, saying how a
+group's length becomes the count (`Int nHot = r.size() / 2;`) and what else moves between groups
+(`oF += nPlanes * spatialVolume;`). That loop, lifted out of the CPU op with its arguments
+renamed to the launcher's parameters, is the reference: a helper with the launcher's
+signature, called by the label's own adapter in the launcher's place.
+"""
+
+from __future__ import annotations
+
+import re
+
+from miner.textprep import IDENT, bracket_end, split_top
+from testgen.argmap import plain_name
+
+_RANGE_FOR = re.compile(
+    r"\bfor\s*\(\s*(?:const\s+)?auto\s*&{0,2}\s*([A-Za-z_]\w*)\s*:\s*([A-Za-z_]\w*)\s*\)\s*\{"
+)
+_GROUPS = re.compile(r"\bvector\s*<\s*(?:std\s*::\s*)?vector\s*<")
+_DEVICE_PREFIX = re.compile(r"^(?:cuda|gpu)_|_(?:cuda|gpu)$", re.IGNORECASE)
+_COUNT = re.compile(r"\bint\b|\blong\b|int\d+_t|\bInt\b|\bLong\b|size_t|\bunsigned\b")
+
+
+def twin_names(launcher: str) -> list[str]:
+    """The launcher's name without its device word (`cuda_X` → `X`)."""
+    bare = _DEVICE_PREFIX.sub("", launcher)
+    return [bare] if bare and bare != launcher else []
+
+
+def groups_index(params: list[tuple[str, str]]) -> int | None:
+    """The one parameter that is a list of lists (the adapter's reading of `RuleBook`)."""
+    found = [i for i, (t, _) in enumerate(params) if _GROUPS.search(t)]
+    return found[0] if len(found) == 1 else None
+
+
+def group_loop(
+    launcher_params: list[tuple[str, str]],
+    twin_params: list[tuple[str, str]],
+    caller_bodies: list[str],
+    twin: str,
+    groups: int,
+) -> str:
+    """The body of a helper with the launcher's parameters that calls `twin` once per group,
+    as the first of `caller_bodies` that loops over groups and calls it does; a reason when
+    the twin does not take a group where the launcher takes the groups, or no caller loops."""
+    if len(twin_params) != len(launcher_params) + 1:
+        return f"{twin} takes {len(twin_params)} arguments, not one more than the launcher's"
+    pointer, count = twin_params[groups][0], twin_params[groups + 1][0]
+    if "*" not in pointer or "*" in count or not _COUNT.search(count):
+        return f"{twin} takes no group (a pointer and a count) where the launcher takes groups"
+    for body in caller_bodies:
+        lifted = _lift(body, launcher_params, twin, groups)
+        if lifted:
+            return lifted
+    return f"no CPU code loops over groups calling {twin}"
+
+
+def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | None:
+    call = re.compile(rf"(?<![\w.>])(?:\w+::)*{re.escape(twin)}\s*(?:<[^<>;{{}}]*>)?\s*\(")
+    names = [n for _, n in launcher_params]
+    for loop in _RANGE_FOR.finditer(body):
+        end = bracket_end(body, loop.end() - 1, "{", "}")
+        block = body[loop.end() : end - 1] if end else ""
+        at = call.search(block)
+        if not at:
+            continue
+        close = bracket_end(block, at.end() - 1, "(", ")")
+        args = split_top(block[at.end() : close - 1]) if close else []
+        if len(args) != len(names) + 1:
+            continue
+        renames: dict[str, str] = {loop.group(2): names[groups]}
+        new_args = []
+        for k, arg in enumerate(args):
+            if k in (groups, groups + 1):
+                new_args.append(arg)
+                continue
+            param = names[k if k < groups else k - 1]
+            new_args.append(param)
+            plain = plain_name(arg)
+            if plain and plain == arg.strip() and plain != param:
+                renames[plain] = param
+        rest = block[: at.start()] + "\x00" + block[close:]
+        rest = IDENT.sub(lambda m, names=renames: names.get(m.group(0), m.group(0)), rest)
+        head = block[at.start() : at.end()]
+        new_block = rest.replace("\x00", f"{head}{', '.join(new_args)})")
+        header = body[loop.start() : loop.start(2)] + names[groups] + body[loop.end(2) : loop.end()]
+        return f"  {header}{new_block}}}\n"
+    return None
+
+
+def helper_code(
+    name: str, template: str, launcher_params: list[tuple[str, str]], groups: int, loop: str
+) -> str:
+    """The helper: the launcher's template header and parameters, the groups taken as whatever
+    list of lists the adapter passes."""
+    inner = template.strip()[len("template") :].strip().strip("<>").strip() if template else ""
+    header = f"template <{', '.join(p for p in (inner, 'typename KminerGroups') if p)}>"
+    params = [
+        f"const KminerGroups &{n}" if i == groups else f"{t} {n}"
+        for i, (t, n) in enumerate(launcher_params)
+    ]
+    return f"{header}\nvoid {name}({', '.join(params)}) {{\n{loop}}}\n"
