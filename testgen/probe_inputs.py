@@ -191,10 +191,10 @@ def string_modes(code: str, name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([a or b for a, b in compared] + keys))[:6]
 
 
-def _choices(slot: Slot, n: int) -> tuple:
+def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
     """The values a slot tries, best first (one value: fixed). A tensor also tries one more
     dimension than the code reads (hash_cpu reads `idx.size(0)` and four ints per row), after
-    every value range at the rank it reads."""
+    every value range at the rank it reads (before them: `wider_first`)."""
     if slot.kind == "int":
         return tuple(dict.fromkeys((n, 4, 2, 1, 0)))
     if slot.kind == "bool":
@@ -213,7 +213,8 @@ def _choices(slot: Slot, n: int) -> tuple:
     else:
         values = ((-1, n), (0, n), (0, max(2, n // 4)), (0, 1))
     wider = (1,) if slot.facts.fixed_rank is None and not slot.facts.row else ()
-    return tuple((extra, v) for extra in (0, *wider) for v in values)
+    extras = (*wider, 0) if wider_first else (0, *wider)
+    return tuple((extra, v) for extra in extras for v in values)
 
 
 def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.Tensor:
@@ -244,17 +245,24 @@ def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[lis
     return out
 
 
-def drafts(slots: list[Slot], n: int) -> list[tuple[tuple, list]]:
+def drafts(slots: list[Slot], n: int, agree: bool = False) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
-    from each slot's first choice."""
-    options = [_choices(s, n) for s in slots]
+    from each slot's first choice. `agree`: floating tensors hold three values only, so that
+    code acting only where two values are equal (a max-pool's backward writes where the
+    output equals the input) finds ties anywhere the indices lead; and each tensor tries a
+    dimension more first (rows a stride steps over: the code reads only `data_ptr`)."""
+    options = [_choices(s, n, wider_first=agree) for s in slots]
     out = []
     for combo in itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS):
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
             if slot.kind == "tensor":
-                args.append(_tensor(slot.facts, n, opts[k], gen))
+                made = _tensor(slot.facts, n, opts[k], gen)
+                if agree and made.is_floating_point():
+                    ties = torch.randint(-1, 2, made.shape, generator=gen) * 0.5
+                    made = ties.to(made.dtype)
+                args.append(made)
             elif slot.kind == "intlists":
                 args.append(_groups(slot.width, n, opts[k], gen))
             elif slot.kind == "float":
@@ -394,14 +402,18 @@ def probed_calls(
         return "its CPU implementation does not build with AddressSanitizer"
     rank = max((s.facts.ndim for s in slots if s.facts), default=1)
     sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
-    flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n)]
-    with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
-        grouped = [(sizes.index(n), args) for n, _, args in flat]
-        verdicts = _verdicts(module, name, grouped, Path(tmp))
-    held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
-    for k, (n, _, args) in enumerate(flat):
-        if verdicts.get(k) == "ok":
-            held.setdefault(n, []).append(args)
+    for agree in (False, True):  # then, where no draft wrote, floats with ties
+        flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, agree)]
+        with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
+            grouped = [(sizes.index(n), args) for n, _, args in flat]
+            verdicts = _verdicts(module, name, grouped, Path(tmp))
+        held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
+        for k, (n, _, args) in enumerate(flat):
+            if verdicts.get(k) == "ok":
+                held.setdefault(n, []).append(args)
+        floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
+        if held or floats < 2 or "empty" not in verdicts.values():
+            break
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
         return f"no drafted call ran clean through its CPU implementation ({', '.join(seen)})"

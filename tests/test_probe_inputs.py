@@ -205,3 +205,20 @@ def test_a_list_of_index_groups_is_drafted_as_wide_as_the_code_counts_its_entrie
         assert all(0 <= v < 16 for v in group)
     gen = torch.Generator().manual_seed(0)
     assert [len(g) for g in _groups(3, 8, (1, 2), gen)] == [6]
+
+
+def test_where_no_draft_wrote_floats_come_with_ties_and_tensors_a_dimension_wider():
+    """A max-pool's backward writes only where the output equals the input: on continuous
+    random data no draft writes anything. The second round's floats hold three values (ties
+    anywhere the indices lead) and its tensors try one dimension more first (rows that a
+    stride steps over, which a `data_ptr` alone never says)."""
+    params = [("at::Tensor", "x"), ("at::Tensor", "y"), ("int64_t", "stride")]
+    code = "f(x.data_ptr<float>(), y.data_ptr<float>(), stride);"
+    slots = slots_for(params, [(code, ["x", "y", "stride"])])
+    plain, tied = drafts(slots, 16), drafts(slots, 16, agree=True)
+    assert [tuple(a.shape) for a in plain[0][1][:2]] == [(16,), (16,)]
+    assert [tuple(a.shape) for a in tied[0][1][:2]] == [(16, 16), (16, 16)]
+    for _, args in tied[:10]:
+        for t in args[:2]:
+            assert set(t.unique().tolist()) <= {-0.5, 0.0, 0.5}
+    assert len(plain[0][1][0].unique()) == 16  # the first round's data is continuous
