@@ -18,8 +18,14 @@ import re
 from miner.textprep import IDENT, bracket_end, split_top
 from testgen.argmap import plain_name
 
-_RANGE_FOR = re.compile(
-    r"\bfor\s*\(\s*(?:const\s+)?auto\s*&{0,2}\s*([A-Za-z_]\w*)\s*:\s*([A-Za-z_]\w*)\s*\)\s*\{"
+_LOOPS = (  # over the groups `g`: by range, or by index up to its size
+    re.compile(
+        r"\bfor\s*\(\s*(?:const\s+)?auto\s*&{0,2}\s*\w+\s*:\s*(?P<g>[A-Za-z_]\w*)\s*\)\s*\{"
+    ),
+    re.compile(
+        r"\bfor\s*\([^;{}]*;[^;{}]*<\s*(?:\(\s*\w+\s*\)\s*)?(?P<g>[A-Za-z_]\w*)\s*\.\s*size\s*\("
+        r"\s*\)\s*;[^;{}]*\)\s*\{"
+    ),
 )
 _GROUPS = re.compile(r"\bvector\s*<\s*(?:std\s*::\s*)?vector\s*<")
 _DEVICE_PREFIX = re.compile(r"^(?:cuda|gpu)_|_(?:cuda|gpu)$", re.IGNORECASE)
@@ -63,7 +69,8 @@ def group_loop(
 def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | None:
     call = re.compile(rf"(?<![\w.>])(?:\w+::)*{re.escape(twin)}\s*(?:<[^<>;{{}}]*>)?\s*\(")
     names = [n for _, n in launcher_params]
-    for loop in _RANGE_FOR.finditer(body):
+    loops = sorted((m for r in _LOOPS for m in r.finditer(body)), key=lambda m: m.start())
+    for loop in loops:
         end = bracket_end(body, loop.end() - 1, "{", "}")
         block = body[loop.end() : end - 1] if end else ""
         at = call.search(block)
@@ -73,7 +80,7 @@ def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | Non
         args = split_top(block[at.end() : close - 1]) if close else []
         if len(args) != len(names) + 1:
             continue
-        renames: dict[str, str] = {loop.group(2): names[groups]}
+        renames: dict[str, str] = {loop.group("g"): names[groups]}
         new_args = []
         for k, arg in enumerate(args):
             if k in (groups, groups + 1):
@@ -85,11 +92,13 @@ def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | Non
             if plain and plain == arg.strip() and plain != param:
                 renames[plain] = param
         rest = block[: at.start()] + "\x00" + block[close:]
-        rest = IDENT.sub(lambda m, names=renames: names.get(m.group(0), m.group(0)), rest)
+
+        def renamed(text: str, names: dict = renames) -> str:
+            return IDENT.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+
         head = block[at.start() : at.end()]
-        new_block = rest.replace("\x00", f"{head}{', '.join(new_args)})")
-        header = body[loop.start() : loop.start(2)] + names[groups] + body[loop.end(2) : loop.end()]
-        return f"  {header}{new_block}}}\n"
+        new_block = renamed(rest).replace("\x00", f"{head}{', '.join(new_args)})")
+        return f"  {renamed(loop.group(0))}{new_block}}}\n"
     return None
 
 

@@ -174,7 +174,9 @@ class Slot:
 def group_width(code: str, name: str) -> int | None:
     """How many indices make one entry of a group, as the code that loops over the groups
     `name` counts them (`for (auto &r : _rules) { Int nHot = r.size() / 2; ...`)."""
-    for loop in re.finditer(rf"\bfor\s*\([^;:()]*?&\s*(\w+)\s*:\s*{re.escape(name)}\s*\)", code):
+    n = re.escape(name)
+    element = rf"&\s*(\w+)\s*(?::\s*{n}\s*\)|=\s*{n}\s*\[)"  # `&r : groups)`, `&r = groups[i]`
+    for loop in re.finditer(element, code):
         size = re.search(rf"\b{loop[1]}\s*\.\s*size\s*\(\s*\)\s*/\s*(\d+)\b", code[loop.end() :])
         if size and 0 < int(size[1]) <= 16:
             return int(size[1])

@@ -193,6 +193,8 @@ def test_a_list_of_index_groups_is_drafted_as_wide_as_the_code_counts_its_entrie
     assert group_width(code, "_rules") == 2
     assert group_width(code.replace("/ 2", "/ 3"), "_rules") == 3
     assert group_width(code, "feats") is None
+    indexed = "for (int i = 0; i < g.size(); i++) {\n  const auto &r = g[i];\n  f(r.size() / 4);"
+    assert group_width(indexed, "g") == 4
     slots = slots_for(params, [(code, ["feats", "_rules"])])
     assert slots is not None and (slots[1].kind, slots[1].width) == ("intlists", 2)
     assert slots_for(params, [("f(feats, _rules);", ["feats", "_rules"])]) is None

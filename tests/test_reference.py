@@ -530,6 +530,16 @@ def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(t
     want = torch.zeros(8, 2)
     want[1], want[0], want[3] = x[0], x[3], x[2]
     torch.testing.assert_close(out, want)
+    # a loop by index over the groups is read the same way
+    indexed = "for (Int i = 0; i < (Int)_rules.size(); ++i) {\n    const auto &r = _rules[i];"
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(
+        cpu.replace("for (auto &r : _rules) {", indexed)
+    )
+    again = find_reference(cand, repo, work, RepoRefs(discover(repo)))
+    assert isinstance(again, Reference), again
+    text = (work / again.path).read_text()
+    assert "i < (Int)_rules.size()" in text and "= _rules[i];" in text
+    assert "Pool_ForwardPass<T>(in, out, nPlanes, &r[0], nHot);" in text
     # the CPU op calls the twin once, outside any loop over the groups: no reference
     flat = cpu.replace("for (auto &r : _rules) {", "{ auto &r = _rules[0];")
     (repo / "csrc" / "cpu" / "pool.cpp").write_text(flat)
