@@ -14,9 +14,12 @@ signature, called by the label's own adapter in the launcher's place.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
+from miner.filemodel import Item
 from miner.textprep import IDENT, bracket_end, split_top
 from testgen.argmap import plain_name
+from testgen.pointer_twin import RepoRefs
 
 _LOOPS = (  # over the groups `g`: by range, or by index up to its size
     re.compile(
@@ -30,6 +33,35 @@ _LOOPS = (  # over the groups `g`: by range, or by index up to its size
 _GROUPS = re.compile(r"\bvector\s*<\s*(?:std\s*::\s*)?vector\s*<")
 _DEVICE_PREFIX = re.compile(r"^(?:cuda|gpu)_|_(?:cuda|gpu)$", re.IGNORECASE)
 _COUNT = re.compile(r"\bint\b|\blong\b|int\d+_t|\bInt\b|\bLong\b|size_t|\bunsigned\b")
+
+
+def group_twin(
+    refs: RepoRefs, launcher: Item, params: list[tuple[str, str]], cpu_side: Callable[[Item], bool]
+) -> tuple[Item, str, str] | str | None:
+    """(the twin, the helper's name, its code) when `launcher` (exposed by an adapter of
+    `params`) takes a list of groups where a twin on the `cpu_side` takes one group; a reason
+    when the twin is there but takes something else or no CPU code loops over it; else None."""
+    l_sig = refs.signature(launcher)
+    groups = groups_index(params)
+    if l_sig is None or groups is None or l_sig.returns.strip() != "void":
+        return None
+    for twin in twin_names(launcher.names[0]):
+        item = refs.definition(twin, host_side=True)
+        t_sig = refs.signature(item) if item else None
+        if t_sig is None or not cpu_side(item):
+            continue
+        callers = [
+            refs.body(it)
+            for items in refs.defs.values()
+            for it in items
+            if twin in it.refs and it is not item and cpu_side(it)
+        ]
+        loop, why = group_loop(l_sig.params, t_sig.params, callers, twin, groups)
+        if not loop:
+            return why
+        name = f"kminer_groups_{launcher.names[0]}"
+        return item, name, helper_code(name, l_sig.template, l_sig.params, groups, loop)
+    return None
 
 
 def twin_names(launcher: str) -> list[str]:
@@ -50,20 +82,20 @@ def group_loop(
     caller_bodies: list[str],
     twin: str,
     groups: int,
-) -> str:
-    """The body of a helper with the launcher's parameters that calls `twin` once per group,
-    as the first of `caller_bodies` that loops over groups and calls it does; a reason when
-    the twin does not take a group where the launcher takes the groups, or no caller loops."""
+) -> tuple[str, str]:
+    """(the body of a helper with the launcher's parameters that calls `twin` once per group,
+    as the first of `caller_bodies` that loops over groups and calls it does, ""); ("", why)
+    when the twin takes no group where the launcher takes the groups, or no caller loops."""
     if len(twin_params) != len(launcher_params) + 1:
-        return f"{twin} takes {len(twin_params)} arguments, not one more than the launcher's"
+        return "", f"{twin} takes {len(twin_params)} arguments, not one more than the launcher's"
     pointer, count = twin_params[groups][0], twin_params[groups + 1][0]
     if "*" not in pointer or "*" in count or not _COUNT.search(count):
-        return f"{twin} takes no group (a pointer and a count) where the launcher takes groups"
+        return "", f"{twin} takes no group (a pointer and a count) where the launcher takes groups"
     for body in caller_bodies:
         lifted = _lift(body, launcher_params, twin, groups)
         if lifted:
-            return lifted
-    return f"no CPU code loops over groups calling {twin}"
+            return lifted, ""
+    return "", f"no CPU code loops over groups calling {twin}"
 
 
 def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | None:

@@ -37,7 +37,7 @@ from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
-from testgen.group_twin import group_loop, groups_index, helper_code, twin_names
+from testgen.group_twin import group_twin
 from testgen.pointer_twin import pointer_adapter, pointer_reference
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
@@ -299,9 +299,16 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             if found:
                 return found
     if adapted:  # 4. a twin taking one group of the launcher's list of groups
-        found = _group_twin(refs, e_item, sig, adapter_text)
-        if isinstance(found, Located):
-            return found
+        found = group_twin(refs, e_item, sig.params, lambda it: not _GPU_DIR.search(it.file))
+        if isinstance(found, tuple) and _only_raises(refs.body(found[0])):
+            found = f"{found[0].names[0]} only raises: the repository has no CPU implementation"
+        if isinstance(found, tuple):
+            twin, helper_name, helper = found
+            params = [n for _, n in sig.params]
+            via = e_item.names[0]
+            return Located(
+                "group twin", twin, sig, params, via, "", adapter_text, (helper_name, helper)
+            )
         if found:
             reasons.append(found)
     if reasons:
@@ -343,42 +350,6 @@ def _other_device_branch(body: str, callee: str, defined: dict) -> set[str]:
         return set()
     named = set(re.findall(r"\b([A-Za-z_]\w*)\s*(?:<[^<>;()]*>)?\s*\(", text))
     return {n for n in named - {callee} if n in defined and call_args(body, n) == mine}
-
-
-def _group_twin(refs: RepoRefs, launcher: Item, sig: Signature, adapter_text: str):
-    """A Located whose CPU function is the twin of a launcher that takes a list of groups
-    where the twin takes one group (testgen.group_twin); a reason, or None when it is not so."""
-    l_sig = refs.signature(launcher)
-    groups = groups_index(sig.params)
-    if l_sig is None or groups is None or l_sig.returns.strip() != "void":
-        return None
-    for twin in twin_names(launcher.names[0]):
-        item = refs.definition(twin, host_side=True)
-        t_sig = refs.signature(item) if item else None
-        if t_sig is None or _GPU_DIR.search(item.file) or _only_raises(refs.body(item)):
-            continue
-        callers = [
-            refs.body(it)
-            for items in refs.defs.values()
-            for it in items
-            if twin in it.refs and it is not item and not _GPU_DIR.search(it.file)
-        ]
-        loop = group_loop(l_sig.params, t_sig.params, callers, twin, groups)
-        if not loop.lstrip().startswith("for"):
-            return loop
-        name = f"kminer_groups_{launcher.names[0]}"
-        helper = helper_code(name, l_sig.template, l_sig.params, groups, loop)
-        return Located(
-            "group twin",
-            item,
-            sig,
-            [n for _, n in sig.params],
-            launcher.names[0],
-            "",
-            adapter_text,
-            (name, helper),
-        )
-    return None
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
