@@ -125,8 +125,8 @@ def _lift(body: str, launcher_params: list, twin: str, groups: int) -> str | Non
                 renames[plain] = param
         rest = block[: at.start()] + "\x00" + block[close:]
 
-        def renamed(text: str, names: dict = renames) -> str:
-            return IDENT.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+        def renamed(text: str, table: dict = renames) -> str:
+            return IDENT.sub(lambda m: table.get(m.group(0), m.group(0)), text)
 
         head = block[at.start() : at.end()]
         new_block = renamed(rest).replace("\x00", f"{head}{', '.join(new_args)})")
@@ -139,7 +139,8 @@ def helper_code(
 ) -> str:
     """The helper: the launcher's template header and parameters, the groups taken as whatever
     list of lists the adapter passes."""
-    inner = template.strip()[len("template") :].strip().strip("<>").strip() if template else ""
+    inner = re.fullmatch(r"\s*template\s*<(.*)>\s*", template or "", re.DOTALL)
+    inner = inner.group(1).strip() if inner else ""
     header = f"template <{', '.join(p for p in (inner, 'typename KminerGroups') if p)}>"
     params = [
         f"const KminerGroups &{n}" if i == groups else f"{t} {n}"

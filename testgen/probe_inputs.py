@@ -404,6 +404,7 @@ def probed_calls(
         return "its CPU implementation does not build with AddressSanitizer"
     rank = max((s.facts.ndim for s in slots if s.facts), default=1)
     sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
+    floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
     for agree in (False, True):  # then, where no draft wrote, floats with ties
         flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, agree)]
         with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
@@ -413,7 +414,6 @@ def probed_calls(
         for k, (n, _, args) in enumerate(flat):
             if verdicts.get(k) == "ok":
                 held.setdefault(n, []).append(args)
-        floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
         if held or floats < 2 or "empty" not in verdicts.values():
             break
     if not held:
