@@ -235,21 +235,44 @@ def test_references_batch_like_labels(refrepo, tmp_path):
     assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME" not in source
 
 
+def _adapted_candidate(
+    work, text: str, launcher: str, kernel: str, file: str, context: str = ""
+) -> Candidate:
+    """A candidate whose label (written to `work`: `context`, then the launcher's `text`)
+    exposes kminer's adapter over `launcher`."""
+    from wrappers.adapter import adapt
+
+    label = context + text
+    sig, code = adapt(parse_signature(text, launcher), label)
+    work.mkdir()
+    (work / "label.cu").write_text(f"// a label\n{label}\n{code}\n")
+    kern = Kernel(name=kernel, file=file, line=2, start_line=2, end_line=5, source="")
+    prov = Provenance(repo_url=f"https://x/{kernel}", commit="a" * 40)
+    cand = Candidate(id="c" * 16, kernel=kern, provenance=prov)
+    cand.wrapper.launcher, cand.wrapper.functions = launcher, [sig.name]
+    cand.wrapper.label_path = "label.cu"
+    return cand
+
+
+def _built(tmp_path, name: str, source):
+    """The reference source built for the CPU with torch.utils.cpp_extension."""
+    from torch.utils.cpp_extension import load
+
+    (tmp_path / "build").mkdir()
+    return load(
+        name=name,
+        sources=[str(source)],
+        build_directory=str(tmp_path / "build"),
+        extra_cflags=["-w"],
+    )
+
+
 @pytest.mark.slow
 def test_reference_builds_on_cpu_and_computes_the_op(refrepo, tmp_path):
     import torch
-    from torch.utils.cpp_extension import load
 
     ref, _ = reference(refrepo, "affine_forward_cuda_kernel", tmp_path)
-    build = tmp_path / "build"
-    build.mkdir()
-    mod = load(
-        name="kminer_ref_affine",
-        sources=[str(tmp_path / ref.path)],
-        build_directory=str(build),
-        extra_cflags=["-w"],
-        verbose=False,
-    )
+    mod = _built(tmp_path, "kminer_ref_affine", tmp_path / ref.path)
     inp = torch.linspace(-2, 3, 300, dtype=torch.float64)
     out = torch.zeros_like(inp)
     # the launcher's order: output, input, beta, alpha, n
@@ -341,12 +364,8 @@ def test_a_pointer_launchers_twin_is_called_through_the_labels_own_adapter(tmp_p
     the reference, called through the same dtype dispatch. A twin that takes other arguments
     is a reason, and so is an adapter that builds objects."""
     import torch
-    from torch.utils.cpp_extension import load
 
     repo, work = tmp_path / "repo", tmp_path / "work"  # the workdir, outside the repository
-
-    from wrappers.adapter import adapt
-
     (repo / "csrc" / "cuda").mkdir(parents=True)
     (repo / "csrc" / "cpu").mkdir(parents=True)
     launcher = (
@@ -364,33 +383,14 @@ def test_a_pointer_launchers_twin_is_called_through_the_labels_own_adapter(tmp_p
         "template <typename T>\nvoid scale_cpu(T *out, T alpha, int n) {\n"
         "  for (int i = 0; i < n; ++i) out[i] *= alpha;\n}\n"
     )
-    sig, code = adapt(parse_signature(launcher, "axpy_cuda"), launcher)
-    work.mkdir()
-    (work / "label.cu").write_text(f"// a label\n{launcher}\n{code}\n")
-    kern = Kernel(
-        name="axpy_kernel",
-        file="csrc/cuda/axpy_cuda.cu",
-        line=2,
-        start_line=2,
-        end_line=5,
-        source="",
-    )
-    prov = Provenance(repo_url="https://x/axpy", commit="a" * 40)
-    cand = Candidate(id="c" * 16, kernel=kern, provenance=prov)
-    cand.wrapper.launcher, cand.wrapper.functions = "axpy_cuda", [sig.name]
-    cand.wrapper.label_path = "label.cu"
+    cand = _adapted_candidate(work, launcher, "axpy_cuda", "axpy_kernel", "csrc/cuda/axpy_cuda.cu")
+    exposed = cand.wrapper.functions[0]
     refs = RepoRefs(discover(repo))
     ref = find_reference(cand, repo, work, refs)
     assert isinstance(ref, Reference), ref
     assert (ref.function, ref.file) == ("axpy_cpu", "csrc/cpu/axpy_cpu.cpp")
-    assert locate(cand, refs) == f"no label function to match: {sig.name} has no definition"
-    (tmp_path / "build").mkdir()
-    mod = load(
-        name="kminer_ref_axpy",
-        sources=[str(work / ref.path)],
-        build_directory=str(tmp_path / "build"),
-        extra_cflags=["-w"],
-    )
+    assert locate(cand, refs) == f"no label function to match: {exposed} has no definition"
+    mod = _built(tmp_path, "kminer_ref_axpy", work / ref.path)
     for dtype in (torch.float32, torch.float64):
         out, x = torch.ones(300, dtype=dtype), torch.linspace(-2, 3, 300, dtype=dtype)
         mod.reference(out, x, 0.5, 300)
@@ -459,9 +459,6 @@ def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(t
     own loop over the groups, with what it moves between groups, becomes the reference, its
     arguments renamed to the launcher's. No loop over the groups in the CPU code: a reason."""
     import torch
-    from torch.utils.cpp_extension import load
-
-    from wrappers.adapter import adapt
 
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "csrc" / "cuda").mkdir(parents=True)
@@ -500,30 +497,16 @@ def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(t
         "    Pool_ForwardPass<T>(iF, oF, nPlanes, &r[0], nHot);\n    oF += nPlanes;\n  }\n}\n"
     )
     (repo / "csrc" / "cpu" / "pool.cpp").write_text(cpu)
-    sig, code = adapt(parse_signature(launcher, "cuda_Pool_ForwardPass"), types + launcher)
-    work.mkdir()
-    (work / "label.cu").write_text(f"{types}\n{launcher}\n{code}\n")
-    kern = Kernel(
-        name="pool_fp", file="csrc/cuda/pool.cu", line=3, start_line=2, end_line=7, source=""
+    cand = _adapted_candidate(
+        work, launcher, "cuda_Pool_ForwardPass", "pool_fp", "csrc/cuda/pool.cu", context=types
     )
-    cand = Candidate(
-        id="d" * 16, kernel=kern, provenance=Provenance(repo_url="https://x/p", commit="b" * 40)
-    )
-    cand.wrapper.launcher, cand.wrapper.functions = "cuda_Pool_ForwardPass", [sig.name]
-    cand.wrapper.label_path = "label.cu"
     ref = find_reference(cand, repo, work, RepoRefs(discover(repo)))
     assert isinstance(ref, Reference), ref
     assert (ref.function, ref.file) == ("Pool_ForwardPass", "csrc/cpu/pool.cpp")
     text = (work / ref.path).read_text()
     assert "Pool_ForwardPass<T>(in, out, nPlanes, &r[0], nHot);" in text  # renamed
     assert "out += nPlanes;" in text  # what moves between groups
-    (tmp_path / "build").mkdir()
-    mod = load(
-        name="kminer_ref_groups",
-        sources=[str(work / ref.path)],
-        build_directory=str(tmp_path / "build"),
-        extra_cflags=["-w"],
-    )
+    mod = _built(tmp_path, "kminer_ref_groups", work / ref.path)
     x = torch.arange(8, dtype=torch.float32).reshape(4, 2)
     out = torch.zeros(8, 2)
     mod.reference(x, out, 2, [[0, 1, 3, 0], [2, 2]])  # group 2 lands a row further
