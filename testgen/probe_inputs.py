@@ -7,8 +7,9 @@ implementation the test compares with knows the contract, though, and built with
 it reports the first read or write outside a tensor. So calls are drafted from the host
 function's signature and the code around it (each tensor's dtype and rank as the code reads them,
 a size the code checks against a number, every other size the same n, each integer tensor holding
-every value of a range, each integer a size or a small count, each flag either way, each string
-a mode the code names) and run
+every value of a range, a table's rows each distinct (a kernel writing through a row of indices
+would race on a repeated one), each integer a size or a small count, each flag either way, each
+string a mode the code names) and run
 through that build in the sandbox (standalone/probe.py). A draft counts when it ran without a
 report, an exception or a crash and wrote something not zero; the first KEEP such drafts in order
 of preference (the widest ranges, the size itself) are kept at each n, so an op of integer
@@ -40,6 +41,7 @@ from pathlib import Path
 import torch
 
 from miner import sandbox, toolchain
+from miner.textprep import split_top
 from testgen.cases import BaseCall
 from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
@@ -122,10 +124,12 @@ def _dtype_of(type_text: str, aliases: dict | None = None) -> torch.dtype | None
     return _DTYPES.get(text) if text else None
 
 
-def read_facts(code: str, name: str, facts: TensorFacts, aliases: dict | None = None) -> None:
+def read_facts(
+    code: str, name: str, facts: TensorFacts, aliases: dict | None = None, depth: int = 0
+) -> None:
     """Add what `code` says of the tensor it calls `name`: the element types its data is read
     as (through the code's `aliases` of C types), the sizes and strides it reads, the dimensions
-    and dtype it checks."""
+    and dtype it checks; and of a copy it reads in the tensor's place."""
     n = re.escape(name)
     member = rf"\b{n}\s*(?:\.|->)\s*"
     for m in re.finditer(member + _DATA + r"\s*<([^<>()]+)>", code):
@@ -145,12 +149,24 @@ def read_facts(code: str, name: str, facts: TensorFacts, aliases: dict | None = 
         facts.rank = max(facts.rank, int(m[1]) + 1)
     for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)\b", code):
         facts.fixed_rank = int(m[1])
+    for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*-\s*(\d+)\b", code):
+        facts.rank = max(facts.rank, int(m[1]) + 1)  # `w.dim() - 2` spatial dims: one at least
     for m in re.finditer(member + r"size\s*\(\s*(\d+)\s*\)\s*==\s*(\d+)\b", code):
         if 0 < int(m[2]) <= 64:
             facts.fixed_dims[int(m[1])] = int(m[2])
     scalar = r"(?:scalar_type|dtype)\s*\(\s*\)\s*==\s*(?:\w+::)*k?(\w+)"
     for m in re.finditer(member + scalar, code):
         _note(facts, _SCALAR_NAMES.get(m[1]), m[1])
+    typed = rf"\b\w+\s*<\s*(?:const\s+)?([A-Za-z_][\w:]*)\s*>\s*\(\s*{n}\s*\)"
+    for m in re.finditer(typed + r"(\s*\.\s*subview\s*\(([^()]*)\))?", code):
+        _note(facts, _dtype_of(m[1], aliases), m[1])  # a typed view: `tv::torch2tv<const int>(x)`
+        if m[2]:  # a view k indices into it has k dimensions more than the one it gives
+            facts.rank = max(facts.rank, len(split_top(m[3])) + 1)
+    if depth < 1:  # a copy that the code reads in its place: `auto c = x.to(torch::kCPU);`
+        copies = rf"\b([A-Za-z_]\w*)\s*=\s*{n}\s*\.\s*(?:to|cpu|contiguous|clone)\s*\("
+        for m in re.finditer(copies, code):
+            if m[1] != name:
+                read_facts(code, m[1], facts, aliases, depth + 1)
 
 
 def _note(facts: TensorFacts, dtype: torch.dtype | None, type_text: str) -> None:
@@ -229,7 +245,12 @@ def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.T
         return (torch.randn(count, generator=gen) * 2).to(facts.dtype).reshape(shape)
     if values == "bools":
         return (torch.randint(0, 2, (count,), generator=gen) == 1).reshape(shape)
-    lo, hi = values  # every value of the range (its ends always), in a seeded order
+    lo, hi = values
+    if len(shape) >= 2 and 1 < shape[-1] <= hi - lo:  # a table of index rows: each row distinct
+        width = shape[-1]
+        rows = [torch.randperm(hi - lo, generator=gen)[:width] for _ in range(count // width)]
+        return (torch.stack(rows) + lo).to(facts.dtype).reshape(shape)
+    # every value of the range (its ends always), in a seeded order
     values = torch.arange(count) % (hi - lo) + lo
     values[-1] = hi - 1
     return values[torch.randperm(count, generator=gen)].to(facts.dtype).reshape(shape)

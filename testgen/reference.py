@@ -4,8 +4,10 @@ Tests compare the label with the CPU code the repository ships for the same op, 
 order: a registry (mmcv: `REGISTER_DEVICE_IMPL(key, CPU, fn)` beside the CUDA registration of
 the label's chain, or of a sibling key the op function calls instead with the same arguments),
 a direct call (an op function that calls the launcher on GPU and `*_cpu`
-otherwise, as mmcv's nms_rotated does), a `_cuda`→`_cpu` style twin (pytorch_scatter). Only a
-*definition* counts: a CPU function that is only declared is a reason, not a reference.
+otherwise, as mmcv's nms_rotated does), a `_cuda`→`_cpu` style twin (pytorch_scatter), a twin
+taking one group of a launcher's groups (group_twin), the launcher's own CPU branch (spconv's
+`device == torch::kCPU`: device_branch). Only a *definition* counts: a CPU function that is only
+declared is a reason, not a reference.
 
 The CPU function is extracted like a mined launcher (its closure over its own file's include
 closure, the repository's torch includes kept, CUDA ones dropped, preprocessed for the host
@@ -37,6 +39,7 @@ from miner.repo_model import Discovery
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
 from testgen.pointer_twin import pointer_adapter, pointer_reference
 from wrappers.legacy import header_lines, modernize
@@ -77,7 +80,7 @@ def cpu_env() -> MacroEnv:
 
 @dataclass
 class Located:
-    mechanism: str  # registry | sibling | direct | twin
+    mechanism: str  # registry | sibling | direct | twin | group twin | device branch
     cpu: Item  # the CPU function's definition
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
@@ -85,6 +88,7 @@ class Located:
     template_args: str = ""  # the call site's explicit ones (`cpu_BatchNorm<float>(...)`)
     pointer_adapter: str = ""  # the label's adapter over a pointer launcher (pointer_adapter)
     group_helper: tuple[str, str] = ("", "")  # (name, code) looping a group twin (group_twin)
+    closure: Closure | None = None  # computed already (a device branch's host version)
 
 
 class RepoRefs:
@@ -96,8 +100,11 @@ class RepoRefs:
         self.defs: dict[str, list[Item]] = {}
         self.decls: dict[str, list[Item]] = {}
         self.registry: dict[tuple[str, str], str] = {}
+        self.types: dict[str, list[Item]] = {}  # classes by name: specializations too
         for model in disc.models.values():
             for item in model.items:
+                if item.kind == "type" and item.names:
+                    self.types.setdefault(item.names[0], []).append(item)
                 if item.names and not item.device and item.kind in ("function", "decl"):
                     into = self.defs if item.kind == "function" else self.decls
                     into.setdefault(item.names[0], []).append(item)
@@ -311,6 +318,11 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             )
         if found:
             reasons.append(found)
+    host = _device_branch(refs, e_item, sig) if not adapted else None
+    if isinstance(host, Located):  # 5. the launcher's own CPU branch (device_branch)
+        return host
+    if host:
+        reasons.append(host)
     if reasons:
         return reasons[0]
     if undefined:
@@ -330,7 +342,7 @@ def _only_raises(definition: str) -> bool:
     `AT_ERROR("Not Implemented"); return std::make_tuple(pix_to_face, pix_to_face);`)."""
     body = blank_comments_and_strings(definition)
     inner = body[body.find("{") + 1 : body.rfind("}")]
-    statements = [st.strip() for st in inner.split(";") if st.strip()]
+    statements = [st.strip().lstrip("{ \t\n") for st in inner.split(";") if st.strip()]
     return bool(statements) and bool(_RAISES.match(statements[0]))
 
 
@@ -350,6 +362,22 @@ def _other_device_branch(body: str, callee: str, defined: dict) -> set[str]:
         return set()
     named = set(re.findall(r"\b([A-Za-z_]\w*)\s*(?:<[^<>;()]*>)?\s*\(", text))
     return {n for n in named - {callee} if n in defined and call_args(body, n) == mine}
+
+
+def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str | None:
+    model = refs.disc.models[item.file]
+    found = host_version(item, model.text[item.start : item.end], model.code[item.start : item.end])
+    if found is None:
+        return None
+    host, branches = found
+    if all(_only_raises(b) for b in branches):
+        return f"{item.names[0]}'s CPU branch only raises: no CPU implementation"
+    plain = specialized(sig) if sig.template else sig
+    if plain is None:
+        return f"{item.names[0]} has a CPU branch, but is a function template: no adapter"
+    closure = host_closure(refs, item, host, lambda it: not _GPU_DIR.search(it.file))
+    params = [n for _, n in sig.params]
+    return Located("device branch", host, plain, params, item.names[0], closure=closure)
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
@@ -404,7 +432,7 @@ def cpu_includes(closure: Closure) -> list[str]:
 
 
 def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
-    closure = cpu_closure(refs, loc.cpu)
+    closure = loc.closure or cpu_closure(refs, loc.cpu)
     _, body = render_host_code(closure, refs.disc.models)
     ns = [n for n in loc.cpu.namespace if n and not n.startswith("extern")]  # not anonymous
     cpu = "::".join((*ns, loc.cpu.names[0]))

@@ -96,6 +96,36 @@ def test_the_codes_own_type_names_and_row_strides_are_read():
     assert unaliased.dtype == torch.float32  # unknown to the table: taken for a template type
 
 
+def test_typed_views_copies_and_index_tables_are_read_as_the_code_uses_them():
+    """spconv-derived code reads tensors through typed views (`tv::torch2tv<const int>(pairs)
+    .subview(i, inverse)`: int, and two indices deep into a table of rank 3) and counts through
+    a host copy (`auto num = indiceNum.to({torch::kCPU}); num.data_ptr<int>()`). An integer
+    table's rows hold distinct indices: a kernel writing through a row would race on a repeat."""
+    code = """
+      auto numCpu = indiceNum.to({torch::kCPU});
+      auto nHot = numCpu.data_ptr<int>()[i];
+      gather(tv::torch2tv<scalar_t>(buffer), tv::torch2tv<const int>(pairs).subview(i, inverse));
+      auto ndim = filters.dim() - 2;
+    """
+    facts = {name: TensorFacts() for name in ("indiceNum", "pairs", "buffer", "filters", "other")}
+    for name, f in facts.items():
+        read_facts(code, name, f)
+    assert facts["indiceNum"].dtype == torch.int32 and facts["indiceNum"].ndim == 1
+    assert facts["pairs"].dtype == torch.int32 and facts["pairs"].ndim == 3
+    assert facts["buffer"].dtype == torch.float32 and facts["buffer"].ndim == 1
+    assert facts["filters"].ndim == 3  # `dim() - 2` spatial dimensions: one at least
+    assert facts["other"].dtypes == []  # nothing said: no dtype noted
+    slots = slots_for(
+        [("at::Tensor", "pairs"), ("at::Tensor", "indiceNum")], [(code, ["pairs", "indiceNum"])]
+    )
+    pairs, num = drafts(slots, 7)[0][1]
+    assert pairs.shape == (7, 7, 7) and num.shape == (7,)
+    rows = pairs.reshape(-1, 7)
+    assert all(len(set(r.tolist())) == 7 for r in rows)  # 7 distinct of the 8 in [-1, 7)
+    assert rows.min() == -1 and rows.max() == 6
+    assert (num.min(), num.max()) == (-1, 6)  # a vector: every value of the range, as before
+
+
 def test_drafts_start_from_the_widest_range_and_the_size_itself():
     slots = slots_for(PARAMS, [(LABEL, [n for _, n in PARAMS])])
     assert [s.kind for s in slots] == ["tensor", "tensor", "tensor", "int"]

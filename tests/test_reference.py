@@ -528,3 +528,139 @@ def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(t
     (repo / "csrc" / "cpu" / "pool.cpp").write_text(flat)
     why = locate(cand, RepoRefs(discover(repo)), (work / "label.cu").read_text())
     assert why == "no CPU code loops over groups calling Pool_ForwardPass"
+
+
+_VIEW_H = """#pragma once
+namespace tv {
+struct CPU {};
+struct GPU {};
+}  // namespace tv
+namespace functor {
+template <typename Device, typename T>
+struct MaxPool {
+  void operator()(const Device &d, T *out, const T *in, const int *idx, int n);
+};
+}  // namespace functor
+"""
+_POOL_CU = """#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include "../common/view.h"
+template <typename T>
+__global__ void maxpool_kernel(T *out, const T *in, const int *idx, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n && out[idx[i]] < in[i]) out[idx[i]] = in[i];
+}
+namespace functor {
+template <typename T>
+struct MaxPool<tv::GPU, T> {
+  void operator()(const tv::GPU &d, T *out, const T *in, const int *idx, int n) {
+    maxpool_kernel<T><<<(n + 255) / 256, 256>>>(out, in, idx, n);
+  }
+};
+}  // namespace functor
+at::Tensor maxpool_forward_cuda(at::Tensor in, at::Tensor idx, int64_t n_out) {
+  at::cuda::CUDAGuard guard(in.device());
+  auto device = in.device().type();
+  auto out = at::zeros({n_out}, in.options());
+  if (device == torch::kCPU) {
+    functor::MaxPool<tv::CPU, float>()(tv::CPU(), out.data_ptr<float>(), in.data_ptr<float>(),
+                                       idx.data_ptr<int>(), idx.size(0));
+  } else {
+    functor::MaxPool<tv::GPU, float>()(tv::GPU(), out.data_ptr<float>(), in.data_ptr<float>(),
+                                       idx.data_ptr<int>(), idx.size(0));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out;
+}
+"""
+_POOL_CPP = """#include <torch/extension.h>
+#include "../common/view.h"
+namespace functor {
+template <typename T>
+struct MaxPool<tv::CPU, T> {
+  void operator()(const tv::CPU &d, T *out, const T *in, const int *idx, int n) {
+    for (int i = 0; i < n; ++i)
+      if (out[idx[i]] < in[i]) out[idx[i]] = in[i];
+  }
+};
+}  // namespace functor
+template struct functor::MaxPool<tv::CPU, float>;
+"""
+
+
+def test_a_launcher_with_its_own_cpu_branch_is_its_reference_on_the_host(tmp_path):
+    """spconv-derived launchers ask where their tensors live and call a functor specialized for
+    `tv::CPU` or the GPU; no CPU registration reaches them. The launcher with its GPU branch and
+    GPU-only statements cut away, joined by the CPU specialization from the repository's CPU
+    sources, is the reference. A CPU branch that only raises is a reason, not a reference."""
+    import torch
+
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    for sub in ("common", "cuda", "cpu"):
+        (repo / "csrc" / sub).mkdir(parents=True)
+    (repo / "csrc" / "common" / "view.h").write_text(_VIEW_H)
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(_POOL_CU)
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(_POOL_CPP)
+    kern = Kernel(
+        name="maxpool_kernel", file="csrc/cuda/pool.cu", line=5, start_line=5, end_line=8, source=""
+    )
+    cand = Candidate(
+        id="d" * 16, kernel=kern, provenance=Provenance(repo_url="https://x/p", commit="b" * 40)
+    )
+    cand.wrapper.launcher, cand.wrapper.functions = "MaxPool", ["maxpool_forward_cuda"]
+    work.mkdir()
+    ref = find_reference(cand, repo, work, RepoRefs(discover(repo)))
+    assert isinstance(ref, Reference), ref
+    assert (ref.function, ref.file) == ("maxpool_forward_cuda", "csrc/cuda/pool.cu")
+    text = (work / ref.path).read_text()
+    assert "(device branch)" in text and "struct MaxPool<tv::CPU, T>" in text
+    assert "tv::GPU()" not in text and "CUDAGuard" not in text and "<<<" not in text
+    mod = _built(tmp_path, "kminer_ref_device_branch", work / ref.path)
+    x = torch.tensor([3.0, -1.0, 5.0, 2.0])
+    idx = torch.tensor([0, 2, 0, 1], dtype=torch.int32)
+    torch.testing.assert_close(mod.reference(x, idx, 3), torch.tensor([5.0, 2.0, 0.0]))
+    # a CPU branch that only refuses
+    call = "functor::MaxPool<tv::CPU, float>()("
+    refusing = _POOL_CU.replace(call, f'AT_ERROR("no cpu"); {call}')
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(refusing)
+    why = locate(cand, RepoRefs(discover(repo)))
+    assert why == "maxpool_forward_cuda's CPU branch only raises: no CPU implementation"
+    # a launch outside the device tests: the op has no CPU side
+    launching = _POOL_CU.replace(
+        "  if (device == torch::kCPU) {",
+        "  maxpool_kernel<float><<<1, 1>>>(nullptr, nullptr, nullptr, 0);\n"
+        "  if (device == torch::kCPU) {",
+    )
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(launching)
+    why = locate(cand, RepoRefs(discover(repo)))
+    assert isinstance(why, str) and why.startswith("no CPU function"), why
+
+
+def test_the_label_keeps_the_gpu_side_of_its_launchers_device_tests(tmp_path):
+    """The same launcher as a label: it runs only on the GPU, and its CPU side calls a functor
+    compiled in a source no label links (an undefined symbol at import, as mmcv's max-pool
+    labels had). The label keeps the GPU side; tests of other shapes are left as written."""
+    from miner.device_tests import keep_side
+    from miner.extract import Extractor
+    from wrappers.mined import LauncherIndex
+
+    repo = tmp_path / "repo"
+    for sub in ("common", "cuda", "cpu"):
+        (repo / "csrc" / sub).mkdir(parents=True)
+    (repo / "csrc" / "common" / "view.h").write_text(_VIEW_H)
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(_POOL_CU)
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(_POOL_CPP)
+    disc = discover(repo)
+    index = LauncherIndex(disc)
+    mined = mine_wrapper(kernel(disc, "maxpool_kernel"), Extractor(disc), index)
+    assert mined is not None and "maxpool_forward_cuda" in mined.code
+    assert "the GPU's side of each device test kept" in mined.code
+    assert "tv::CPU()" not in mined.code and "struct MaxPool<tv::CPU" not in mined.code
+    assert "functor::MaxPool<tv::GPU, float>()(tv::GPU()" in mined.code
+    assert "C10_CUDA_KERNEL_LAUNCH_CHECK();" in mined.code  # the GPU side is kept whole
+    # negated tests pick the other side; an `else if` chain and an unbraced branch stay
+    code = "{ if (!x.is_cuda()) { c(); } else { g(); } if (x.is_cpu()) { c(); } }"
+    assert keep_side(code, code, cpu=False)[0] == "{ { g(); }  }"
+    assert keep_side(code, code, cpu=True)[0] == "{ { c(); } { c(); } }"
+    for kept in ("{ if (x.is_cuda()) { g(); } else if (y) { c(); } }", "{ if (x.is_cuda()) g(); }"):
+        assert keep_side(kept, kept, cpu=True)[0] == kept

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from miner.aliases import DEFINE_LINE, define_scope_end
 from miner.closure import Closure, compute_closure
+from miner.device_tests import one_side, swapped
 from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.linearize import Entry
@@ -292,11 +293,23 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
             closure.externals += [x for x in other.externals if x not in closure.externals]
 
 
-def _closure(item: Item, extractor: Extractor) -> Closure:
-    """What `item` needs from its file; a file compiled only inside another source gets that
-    source's earlier context (SparseConvNet's CUDA/*.cu see `using Int = int32_t;` there)."""
+def _closure(item: Item, extractor: Extractor, gpu_side: Item | None = None) -> Closure:
+    """What `item` needs from its file (`gpu_side`: what of it a label keeps); a file compiled
+    only inside another source gets that source's earlier context (SparseConvNet's CUDA/*.cu
+    see `using Int = int32_t;` there)."""
     linear = extractor.linearizer.linear(item.file)
-    return compute_closure(item, linear, extractor.context_linear(item.file))
+    if gpu_side is not None:
+        linear = swapped(linear, item, gpu_side)
+    return compute_closure(gpu_side or item, linear, extractor.context_linear(item.file))
+
+
+def _gpu_side(item: Item, models) -> Item | None:
+    """The exposed function without the CPU side of its device tests: a label runs on the GPU,
+    and the CPU functor such a side calls is compiled in a source no label links (mmcv's
+    `SparseMaxPoolForwardFunctor<tv::CPU, ...>`: undefined symbol at import)."""
+    span = slice(item.start, item.end)
+    cut = one_side(item, models[item.file].text[span], models[item.file].code[span], cpu=False)
+    return cut[0] if cut else None
 
 
 def _holds(closure: Closure, fk: FoundKernel) -> bool:
@@ -313,17 +326,19 @@ def mine_wrapper(
         if found is None:
             continue
         exposed, chain = found
-        closure = _closure(exposed, extractor)
+        gpu_side = _gpu_side(exposed, disc.models)
+        closure = _closure(exposed, extractor, gpu_side)
+        root = gpu_side or exposed
         if not _holds(closure, fk):
             # the launcher lives in another translation unit: link its closure in
             other = _closure(launcher, extractor)
             if not _holds(other, fk):
                 continue
-            closure.entries = _merge(closure, other.entries, exposed)
+            closure.entries = _merge(closure, other.entries, root)
             closure.externals = closure.externals + [
                 x for x in other.externals if x not in closure.externals
             ]
-        _link_declared(closure, extractor, exposed)
+        _link_declared(closure, extractor, root)
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
         return MinedWrapper(launcher, [sig], includes, code, chain, index.enums)
