@@ -185,3 +185,13 @@ def _ambiguous(entries: list[Entry]) -> dict[str, int]:
             places.setdefault(n, set()).add((e.item.namespace, e.item.file))
             count[n] = count.get(n, 0) + 1
     return {n: count[n] for n, p in places.items() if len(p) > 1}
+
+
+def link_before(closure: Closure, other: Closure, root: Item) -> None:
+    """Join `other`'s entries (another translation unit's link-time definitions) right before
+    `root`, each once, and its includes; at the end when `root` is not there."""
+    have = {id(e.item) for e in closure.entries}
+    extra = [e for e in other.entries if id(e.item) not in have]
+    at = next((i for i, e in enumerate(closure.entries) if e.item is root), len(closure.entries))
+    closure.entries[at:at] = extra
+    closure.externals += [x for x in other.externals if x not in closure.externals]

@@ -14,10 +14,9 @@ linker; they join the closure after the primary template, as the linker would jo
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
-from miner.closure import Closure, compute_closure
+from miner.closure import Closure, compute_closure, link_before
 from miner.device_tests import one_side, swapped
 from miner.filemodel import Item
 
@@ -39,20 +38,12 @@ def host_version(item: Item, text: str, code: str) -> tuple[Item, list[str]] | N
     """`item` (a function, its original `text` and blanked `code`) with only its CPU branches
     and no GPU-only statements, and those branches; None when it has no CPU branch or still
     launches a kernel."""
-    cut = one_side(item, text, code, cpu=True)
-    if cut is None or not cut[2]:
-        return None
-    host, code, kept = cut
-    text = host.override
     brace = code.find("{")
-    shift = len(text) - len(code)  # the note before the text
     gpu_only = [(a + brace, b + brace, "") for a, b, _ in _gpu_statements(code[brace:])]
-    code = _apply(code, gpu_only)
-    text = _apply(text, [(a + shift, b + shift, r) for a, b, r in gpu_only])
-    if "<<<" in code:
+    cut = one_side(item, _apply(text, gpu_only), _apply(code, gpu_only), cpu=True)
+    if cut is None or not cut[2] or "<<<" in cut[1]:
         return None
-    words = set(re.findall(r"[A-Za-z_]\w*", code))
-    return dataclasses.replace(host, refs=host.refs & words, override=text), kept
+    return cut[0], cut[2]
 
 
 def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
@@ -68,31 +59,21 @@ def host_closure(refs, original: Item, host: Item, on_cpu) -> Closure:
     launching = frozenset(  # the GPU specializations beside it: they launch kernels
         id(e.item)
         for e in linear.entries
-        if e.item.kind == "type" and _specializes(refs, e.item) and "<<<" in _code(refs, e.item)
+        if e.item.kind == "type" and _specializes(refs, e.item) and "<<<" in refs.body(e.item)
     )
     closure = compute_closure(host, linear, refs.context_linear(original.file), launching)
     types = {n for e in closure.entries if e.item.kind == "type" for n in e.item.names}
-    known = {id(e.item) for e in closure.entries}
     for name in sorted(types):
         for spec in refs.types.get(name, []):
-            if id(spec) in known or not on_cpu(spec) or not _specializes(refs, spec):
+            if any(e.item is spec for e in closure.entries) or not on_cpu(spec):
                 continue
-            if "<<<" in _code(refs, spec):
+            if not _specializes(refs, spec) or "<<<" in refs.body(spec):  # a GPU one launches
                 continue
-            other = compute_closure(spec, refs.linearizer.linear(spec.file))
-            extra = [e for e in other.entries if id(e.item) not in known]
-            known |= {id(e.item) for e in extra}
-            at = next(i for i, e in enumerate(closure.entries) if e.item is host)
-            closure.entries[at:at] = extra
-            closure.externals += [x for x in other.externals if x not in closure.externals]
+            link_before(closure, compute_closure(spec, refs.linearizer.linear(spec.file)), host)
     return closure
-
-
-def _code(refs, item: Item) -> str:
-    return refs.disc.models[item.file].code[item.start : item.end]
 
 
 def _specializes(refs, item: Item) -> bool:
     """A class template specialization (`struct F<tv::CPU, T, I> {`), not a primary one."""
-    head = _code(refs, item).split("{", 1)[0]
+    head = refs.body(item).split("{", 1)[0]
     return bool(re.search(rf"\b(?:struct|class)\s+{re.escape(item.names[0])}\s*<", head))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
-from miner.closure import Closure, compute_closure
+from miner.closure import Closure, compute_closure, link_before
 from miner.cpp_expr import MacroEnv
 from miner.discover import discover
 from miner.extract import including_unit
@@ -403,12 +403,7 @@ def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
         if not wanted:
             break
         for d in wanted:
-            other = compute_closure(d, refs.linearizer.linear(d.file))
-            known = {id(e.item) for e in closure.entries}
-            extra = [e for e in other.entries if id(e.item) not in known]
-            at = next(i for i, e in enumerate(closure.entries) if e.item is item)
-            closure.entries[at:at] = extra
-            closure.externals += [x for x in other.externals if x not in closure.externals]
+            link_before(closure, compute_closure(d, refs.linearizer.linear(d.file)), item)
     return closure
 
 

@@ -588,6 +588,16 @@ template struct functor::MaxPool<tv::CPU, float>;
 """
 
 
+def _pool_repo(repo) -> None:
+    """A repository whose max-pool launcher calls a CPU or a GPU functor by its tensors' device,
+    the CPU specialization in a CPU source of its own."""
+    for sub in ("common", "cuda", "cpu"):
+        (repo / "csrc" / sub).mkdir(parents=True)
+    (repo / "csrc" / "common" / "view.h").write_text(_VIEW_H)
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(_POOL_CU)
+    (repo / "csrc" / "cpu" / "pool.cpp").write_text(_POOL_CPP)
+
+
 def test_a_launcher_with_its_own_cpu_branch_is_its_reference_on_the_host(tmp_path):
     """spconv-derived launchers ask where their tensors live and call a functor specialized for
     `tv::CPU` or the GPU; no CPU registration reaches them. The launcher with its GPU branch and
@@ -596,11 +606,7 @@ def test_a_launcher_with_its_own_cpu_branch_is_its_reference_on_the_host(tmp_pat
     import torch
 
     repo, work = tmp_path / "repo", tmp_path / "work"
-    for sub in ("common", "cuda", "cpu"):
-        (repo / "csrc" / sub).mkdir(parents=True)
-    (repo / "csrc" / "common" / "view.h").write_text(_VIEW_H)
-    (repo / "csrc" / "cuda" / "pool.cu").write_text(_POOL_CU)
-    (repo / "csrc" / "cpu" / "pool.cpp").write_text(_POOL_CPP)
+    _pool_repo(repo)
     kern = Kernel(
         name="maxpool_kernel", file="csrc/cuda/pool.cu", line=5, start_line=5, end_line=8, source=""
     )
@@ -645,11 +651,7 @@ def test_the_label_keeps_the_gpu_side_of_its_launchers_device_tests(tmp_path):
     from wrappers.mined import LauncherIndex
 
     repo = tmp_path / "repo"
-    for sub in ("common", "cuda", "cpu"):
-        (repo / "csrc" / sub).mkdir(parents=True)
-    (repo / "csrc" / "common" / "view.h").write_text(_VIEW_H)
-    (repo / "csrc" / "cuda" / "pool.cu").write_text(_POOL_CU)
-    (repo / "csrc" / "cpu" / "pool.cpp").write_text(_POOL_CPP)
+    _pool_repo(repo)
     disc = discover(repo)
     index = LauncherIndex(disc)
     mined = mine_wrapper(kernel(disc, "maxpool_kernel"), Extractor(disc), index)

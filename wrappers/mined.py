@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.aliases import DEFINE_LINE, define_scope_end
-from miner.closure import Closure, compute_closure
+from miner.closure import Closure, compute_closure, link_before
 from miner.device_tests import one_side, swapped
 from miner.extract import Extractor
 from miner.filemodel import Item
-from miner.linearize import Entry
 from miner.repo_model import Discovery, FoundKernel
 from miner.unit import render_host_code
 from wrappers.adapter import adapt, aliases
@@ -244,19 +243,6 @@ def _nearest_first(items: list[Item], file: str) -> list[Item]:
     return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
 
 
-def _merge(primary: Closure, extra: list[Entry], root: Item) -> list[Entry]:
-    """Entries of another translation unit (link-time definitions) go right before `root`."""
-    have = {id(e.item) for e in primary.entries}
-    inserted = [e for e in extra if id(e.item) not in have]
-    out: list[Entry] = []
-    for e in primary.entries:
-        if e.item is root:
-            out.extend(inserted)
-            inserted = []
-        out.append(e)
-    return out + inserted
-
-
 _GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
 
 
@@ -289,8 +275,7 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
             return
         for d in found:
             other = compute_closure(d, extractor.linearizer.linear(d.file))
-            closure.entries = _merge(closure, other.entries, root)
-            closure.externals += [x for x in other.externals if x not in closure.externals]
+            link_before(closure, other, root)
 
 
 def _closure(item: Item, extractor: Extractor, gpu_side: Item | None = None) -> Closure:
@@ -334,10 +319,7 @@ def mine_wrapper(
             other = _closure(launcher, extractor)
             if not _holds(other, fk):
                 continue
-            closure.entries = _merge(closure, other.entries, root)
-            closure.externals = closure.externals + [
-                x for x in other.externals if x not in closure.externals
-            ]
+            link_before(closure, other, root)
         _link_declared(closure, extractor, root)
         includes, code = render_host_code(closure, disc.models)
         sig = index.signature(exposed)
