@@ -19,6 +19,7 @@ import re
 from miner.closure import Closure, compute_closure, link_before
 from miner.device_tests import one_side, swapped
 from miner.filemodel import Item
+from miner.specializations import fill_defaults, is_specialization
 
 _GPU_ONLY = re.compile(  # a statement only a CUDA build runs: a guard, a stream, an error check
     r"::\s*cuda\s*::|\bcuda[A-Z]\w*\s*\(|\b[A-Z0-9_]*CUDA[A-Z0-9_]*\s*\("
@@ -70,10 +71,11 @@ def host_closure(refs, original: Item, host: Item, on_cpu) -> Closure:
             if not _specializes(refs, spec) or "<<<" in refs.body(spec):  # a GPU one launches
                 continue
             link_before(closure, compute_closure(spec, refs.linearizer.linear(spec.file)), host)
+    fill_defaults(
+        closure, lambda it: (refs.disc.models[it.file].text[it.start : it.end], refs.body(it))
+    )
     return closure
 
 
 def _specializes(refs, item: Item) -> bool:
-    """A class template specialization (`struct F<tv::CPU, T, I> {`), not a primary one."""
-    head = refs.body(item).split("{", 1)[0]
-    return bool(re.search(rf"\b(?:struct|class)\s+{re.escape(item.names[0])}\s*<", head))
+    return is_specialization(item, refs.body(item))

@@ -128,6 +128,9 @@ class RepoRefs:
     def body(self, item: Item) -> str:
         return self.disc.models[item.file].code[item.start : item.end]
 
+    def text(self, item: Item) -> str:
+        return self.disc.models[item.file].text[item.start : item.end]
+
     def vendored_headers(self, file: str, body: str) -> list[tuple[str, str]]:
         """Headers `file` reaches by #include that declare a namespace the extracted `body`
         uses and does not declare (pytorch_cluster's knn_cpu: `nanoflann::KDTreeSingleIndex

@@ -1,0 +1,119 @@
+"""Class template specializations joined to the code that names their primary.
+
+Code derived from spconv declares a functor's primary template in a header, with only the
+declaration of its `operator()` (default arguments included: `bool resetGrid = false`), and
+defines the specialization for each device in that device's source. Each translation unit sees
+the primary alone; the linker joins the specialization's definition. A standalone unit has both
+in one file, and C++ then resolves every call against the specialization, whose members repeat
+the parameters without their defaults: a call that leaves one out no longer compiles. The
+primary's defaults are copied onto the specialization's members of the same name and arity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+from miner.closure import Closure
+from miner.filemodel import Item
+from miner.linearize import Entry
+
+_SIGNATURE = re.compile(r"(operator\s*\(\s*\)|~?[A-Za-z_]\w*)\s*\(")
+_OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
+_BODY_OR_END = re.compile(r"\s*(?:const\b|noexcept\b|override\b|\s)*[;{]")
+
+
+def is_specialization(item: Item, code: str) -> bool:
+    """A class template specialization (`struct F<tv::CPU, T, I> {`), not a primary one
+    (`code`: the item's blanked text)."""
+    head = code.split("{", 1)[0]
+    return bool(re.search(rf"\b(?:struct|class)\s+{re.escape(item.names[0])}\s*<", head))
+
+
+def _close(code: str, open_at: int) -> int:
+    """The offset of the parenthesis closing the one at `open_at` (-1: none)."""
+    depth = 0
+    for i in range(open_at, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        if depth == 0:
+            return i
+    return -1
+
+
+def _params(code: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The spans of the top-level comma-separated parameters in code[start:end]."""
+    spans, depth, at = [], [], start
+    for i in range(start, end):
+        c = code[i]
+        if c in _OPEN and (c != "<" or re.search(r"[\w:]\s*$", code[at:i])):
+            depth.append(_OPEN[c])
+        elif depth and c == depth[-1]:
+            depth.pop()
+        elif c == "," and not depth:
+            spans.append((at, i))
+            at = i + 1
+    if code[at:end].strip():
+        spans.append((at, end))
+    return spans
+
+
+def _declared(code: str) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Member function signatures (`name(type a, type b = 1)` before `;`, `{` or a qualifier),
+    each with its parameter spans; calls are left out (a parameter needs a type and a name)."""
+    out = []
+    for m in _SIGNATURE.finditer(code):
+        close = _close(code, m.end() - 1)
+        if close < 0 or not re.match(
+            r"\s*(?:const\b|noexcept\b|override\b|\s)*[;{]", code[close + 1 :]
+        ):
+            continue
+        spans = _params(code, m.end(), close)
+        heads = [code[a:b].split("=", 1)[0].strip() for a, b in spans]
+        if all(re.search(r"[\w>&*\]]\s*[&*]?\s*[A-Za-z_]\w*$", h) and " " in h for h in heads):
+            out.append((re.sub(r"\s+", "", m.group(1)), spans))
+    return out
+
+
+def with_defaults(spec_text: str, spec_code: str, primary_code: str) -> str | None:
+    """The specialization's text with the primary's default arguments on its members (None:
+    nothing to add)."""
+    defaults: dict[tuple[str, int], dict[int, str]] = {}
+    for name, spans in _declared(primary_code):
+        parts = [primary_code[a:b].split("=", 1) for a, b in spans]
+        given = {i: part[1].strip() for i, part in enumerate(parts) if len(part) == 2}
+        if given:
+            defaults[(name, len(spans))] = given
+    edits = []
+    for name, spans in _declared(spec_code):
+        for i, default in defaults.get((name, len(spans)), {}).items():
+            a, b = spans[i]
+            if "=" not in spec_code[a:b]:
+                edits.append((b, f" = {default}"))
+    for at, extra in sorted(edits, reverse=True):
+        spec_text = spec_text[:at].rstrip() + extra + spec_text[at:]
+    return spec_text if edits else None
+
+
+def fill_defaults(closure: Closure, code_of: Callable[[Item], tuple[str, str]]) -> None:
+    """Each specialization in the closure gets the defaults of its primary there (`code_of`:
+    an item's original text and blanked code)."""
+    primaries = {}
+    for e in closure.entries:
+        if (
+            e.item.kind == "type"
+            and e.item.names
+            and not is_specialization(e.item, code_of(e.item)[1])
+        ):
+            primaries.setdefault(e.item.names[0], e.item)
+    for k, e in enumerate(closure.entries):
+        primary = primaries.get(e.item.names[0]) if e.item.kind == "type" and e.item.names else None
+        if primary is None or primary is e.item:
+            continue
+        if e.item.override:
+            continue
+        text, code = code_of(e.item)
+        filled = with_defaults(text, code, code_of(primary)[1])
+        if filled is not None:
+            item = dataclasses.replace(e.item, override=filled)
+            closure.entries[k] = Entry(item, e.guards)
