@@ -47,6 +47,7 @@ from testgen.selectors import kernel_selectors
 from testgen.shape_selectors import shape_selectors
 from testgen.sibling_calls import sibling_calls
 from testgen.testcode import order_free_reason, render_test
+from testgen.tile_sizes import tile_sizes
 from testgen.variants import VariantKind, derive_variants
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ def _made_calls(cand, label_text: str, sig, found, llm, workdir: Path) -> tuple[
         texts = [(label_text, [n for _, n in sig])]
         if bound is not None and len(bound.params) == len(sig):
             texts.append((reference_text, [n for _, n in bound.params]))
-        made = probed_calls(sig, texts, reference, workdir / "probes")
+        tiles = tile_sizes(label_text, cand.kernel.name)
+        made = probed_calls(sig, texts, reference, workdir / "probes", tiles)
         if not isinstance(made, str):
             return made, "probe", PROBE_ORIGIN
         probed = f"; {made}"

@@ -47,6 +47,7 @@ from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
 from testgen.standalone import PROBE
+from testgen.tile_sizes import TILE_RANK
 from wrappers.adapter import aliases as type_aliases
 
 log = logging.getLogger(__name__)
@@ -268,15 +269,20 @@ def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[lis
     return out
 
 
-def drafts(slots: list[Slot], n: int, agree: bool = False) -> list[tuple[tuple, list]]:
+def drafts(
+    slots: list[Slot], n: int, agree: bool = False, only: set | None = None
+) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
     from each slot's first choice. `agree`: floating tensors hold three values only, so that
     code acting only where two values are equal (a max-pool's backward writes where the
     output equals the input) finds ties anywhere the indices lead; and each tensor tries a
-    dimension more first (rows a stride steps over: the code reads only `data_ptr`)."""
+    dimension more first (rows a stride steps over: the code reads only `data_ptr`). `only`:
+    the choice indices wanted (the others are not made)."""
     options = [_choices(s, n, wider_first=agree) for s in slots]
     out = []
     for combo in itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS):
+        if only is not None and combo not in only:
+            continue
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
@@ -406,9 +412,11 @@ def probed_calls(
     texts: list[tuple[str, list[str]]],
     reference: Path,
     cache_dir: Path,
+    tile_sizes: tuple[int, ...] = (),
 ) -> list[BaseCall] | str:
     """Calls of the host function `params` describes that its CPU implementation `reference`
-    (a kminer reference source, bound as `reference`) runs clean, at up to three sizes; else
+    (a kminer reference source, bound as `reference`) runs clean, at up to three sizes, and
+    at each of `tile_sizes` (testgen/tile_sizes.py) the drafts that ran clean at those; else
     why there are none."""
     if os.environ.get("KMINER_PROBE", "on") == "off":
         return "no call was drafted (KMINER_PROBE=off)"
@@ -428,9 +436,7 @@ def probed_calls(
     floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
     for agree in (False, True):  # then, where no draft wrote, floats with ties
         flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, agree)]
-        with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
-            grouped = [(sizes.index(n), args) for n, _, args in flat]
-            verdicts = _verdicts(module, name, grouped, Path(tmp))
+        verdicts = _verdicts_of(module, name, sizes, flat)
         held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
         for k, (n, _, args) in enumerate(flat):
             if verdicts.get(k) == "ok":
@@ -440,10 +446,24 @@ def probed_calls(
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
         return f"no drafted call ran clean through its CPU implementation ({', '.join(seen)})"
+    clean = {combo for k, (_, combo, _) in enumerate(flat) if verdicts.get(k) == "ok"}
+    tiles = tile_sizes if rank <= TILE_RANK else ()
+    if tiles:  # only the drafts that ran clean at the probe's own sizes: tensors are larger
+        more = [(n, c, a) for n in tiles for c, a in drafts(slots, n, agree, only=clean)]
+        tile_verdicts = _verdicts_of(module, name, tiles, more)
+        for k, (n, _, args) in enumerate(more):
+            if tile_verdicts.get(k) == "ok":
+                held.setdefault(n, []).append(args)
     # each size's best draft first (the plan's first calls), then the runners-up
     return [
         BaseCall(held[n][rank], PROBE_ORIGIN)
         for rank in range(KEEP)
-        for n in sizes
+        for n in (*sizes, *tiles)
         if rank < len(held.get(n, []))
     ]
+
+
+def _verdicts_of(module: Path, name: str, sizes: tuple, flat: list) -> dict[int, str]:
+    with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
+        grouped = [(sizes.index(n), args) for n, _, args in flat]
+        return _verdicts(module, name, grouped, Path(tmp))

@@ -254,3 +254,18 @@ def test_where_no_draft_wrote_floats_come_with_ties_and_tensors_a_dimension_wide
         for t in args[:2]:
             assert set(t.unique().tolist()) <= {-0.5, 0.0, 0.5}
     assert len(plain[0][1][0].unique()) == 16  # the first round's data is continuous
+
+
+@pytest.mark.slow
+def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
+    """A kernel the host code picks by tile alignment is probed at the tile sizes too, with the
+    drafts that ran clean at the probe's own sizes only (its tensors are larger)."""
+    reference = tmp_path / "scatter_rows.cpp"
+    reference.write_text(REFERENCE)
+    texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
+    calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes", tile_sizes=(48,))
+    assert isinstance(calls, list)
+    assert [c.args[0].shape[0] for c in calls] == [16, 7, 29, 48] * KEEP
+    for call in calls[3::4]:
+        feats, idx, _, s = call.args
+        assert feats.shape == (48, 48) and idx.min() >= 0 and idx.max() < s

@@ -1,0 +1,58 @@
+"""Probe sizes for kernels the host code picks by tile alignment (testgen/tile_sizes.py)."""
+
+from __future__ import annotations
+
+from testgen.tile_sizes import TILE_SIZES, tile_sizes, tiled
+
+# spconv's gather functor, as mmcv's labels hold it: a vectorized block kernel for whole tiles
+# of an aligned width, a vectorized one for the rest, a generic one where no tile fits
+FUNCTOR = """
+template <typename T, int NumTLP> __global__ void gatherVecBlockKernel(T *b, const T *f, int n) {
+  if (threadIdx.x < n) b[threadIdx.x] = f[threadIdx.x];
+}
+template <typename T, int NumTLP> __global__ void gatherVecKernel(T *b, const T *f, int n) {
+  if (threadIdx.x < n) b[threadIdx.x] = f[threadIdx.x];
+}
+template <typename T> __global__ void gatherGenericKernel(T *b, const T *f, int n) {
+  if (threadIdx.x < n) b[threadIdx.x] = f[threadIdx.x];
+}
+template <typename T>
+struct SparseGatherFunctor {
+  void operator()(T *buffer, const T *features, int numPlanes, int size) {
+    bool notFound = true;
+    mp_for_each<kernel_block_t>([=, &notFound](auto NumTLP) {
+      int nHotBlock = (size / NumTLP) * NumTLP;
+      if (notFound) {
+        if (numPlanes % NumTLP == 0) {
+          if (nHotBlock >= NumTLP) {
+            gatherVecBlockKernel<T, int(NumTLP)><<<1, NumTLP>>>(buffer, features, nHotBlock);
+          }
+          if (size > nHotBlock) {
+            gatherVecKernel<T, int(NumTLP)><<<1, NumTLP>>>(buffer, features, size - nHotBlock);
+          }
+          notFound = false;
+        }
+      }
+    });
+    if (notFound) {
+      gatherGenericKernel<T><<<1, 64>>>(buffer, features, size);
+    }
+  }
+};
+at::Tensor gather(at::Tensor features, at::Tensor buffer, int64_t size) {
+  if (size <= 0) return buffer;
+  SparseGatherFunctor<float>()(buffer.data_ptr<float>(), features.data_ptr<float>(),
+                               features.size(1), size);
+  return buffer;
+}
+"""
+
+
+def test_kernels_picked_by_alignment_or_a_threshold_get_the_tile_sizes():
+    assert tiled(FUNCTOR, "gatherVecBlockKernel") and tiled(FUNCTOR, "gatherVecKernel")
+    assert tile_sizes(FUNCTOR, "gatherVecKernel") == TILE_SIZES
+    # under `notFound` only, and the kernels' own `threadIdx.x < n` guards are no host choice
+    assert not tiled(FUNCTOR, "gatherGenericKernel")
+    assert tile_sizes(FUNCTOR, "gatherGenericKernel") == ()
+    # one width only the smallest common tile (16) aligns, one count past the largest (64)
+    assert any(s % 16 == 0 and s % 32 for s in TILE_SIZES) and any(s > 64 for s in TILE_SIZES)
