@@ -3,10 +3,11 @@
 Code derived from spconv declares a functor's primary template in a header, with only the
 declaration of its `operator()` (default arguments included: `bool resetGrid = false`), and
 defines the specialization for each device in that device's source. Each translation unit sees
-the primary alone; the linker joins the specialization's definition. A standalone unit has both
-in one file, and C++ then resolves every call against the specialization, whose members repeat
-the parameters without their defaults: a call that leaves one out no longer compiles. The
-primary's defaults are copied onto the specialization's members of the same name and arity.
+the primary alone; the linker joins the specialization's definition. A label is one file, so it
+takes in every GPU specialization of the primaries it uses from the repository's CUDA sources.
+C++ then resolves each call against the specialization, whose members repeat the parameters
+without their defaults: a call that leaves one out no longer compiles. The primary's defaults
+are copied onto the specialization's members of the same name and arity.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from miner.closure import Closure
+from miner.closure import Closure, compute_closure, link_before
+from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.linearize import Entry
 
@@ -117,3 +119,43 @@ def fill_defaults(closure: Closure, code_of: Callable[[Item], tuple[str, str]]) 
         if filled is not None:
             item = dataclasses.replace(e.item, override=filled)
             closure.entries[k] = Entry(item, e.guards)
+
+
+def link_specializations(
+    closure: Closure, extractor: Extractor, root: Item, gpu_source: re.Pattern
+) -> None:
+    """The GPU specializations (`struct F<tv::TorchGPU, T, I> {` in a source `gpu_source`
+    matches) of the class templates the closure uses, each with its closure, before `root`, as
+    the linker joins them. mmcv's indice convolution launcher calls a gather and a scatter
+    functor; its labels held only the one on the kernel's path and failed to import (undefined
+    symbol `SparseScatterAddFunctor<tv::TorchGPU, double, int>::operator()`)."""
+    models = extractor.disc.models
+    done: set[int] = set()
+    while True:
+        have = {id(e.item) for e in closure.entries}
+        used = set().union(*(e.item.refs for e in closure.entries if e.item.kind != "decl"))
+        primaries = {  # id of each primary the closure uses, by name
+            id(e.item): e.item.names[0]
+            for e in closure.entries
+            if e.item.kind == "type" and e.item.names[:1] and e.item.names[0] in used
+        }
+        names = set(primaries.values())
+        found = []
+        for f, m in models.items():
+            if not gpu_source.search(f):
+                continue
+            for it in m.items:
+                if it.kind != "type" or not it.names or it.names[0] not in names:
+                    continue
+                if id(it) in have | done or not is_specialization(it, m.code[it.start : it.end]):
+                    continue
+                done.add(id(it))
+                linear = extractor.linearizer.linear(it.file)
+                # it specializes the closure's primary only where its file sees that one (a
+                # file of its own may declare another primary of the same name)
+                if any(primaries.get(id(e.item)) == it.names[0] for e in linear.entries):
+                    found.append((it, linear))
+        if not found:
+            return
+        for spec, linear in found:
+            link_before(closure, compute_closure(spec, linear), root)

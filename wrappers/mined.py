@@ -19,7 +19,7 @@ from miner.device_tests import one_side, swapped
 from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.repo_model import Discovery, FoundKernel
-from miner.specializations import fill_defaults, is_specialization
+from miner.specializations import fill_defaults, link_specializations
 from miner.unit import render_host_code
 from wrappers.adapter import adapt, aliases
 from wrappers.bound_class import BoundClass, bound_classes, method_adapter, method_signature
@@ -279,44 +279,6 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
             link_before(closure, other, root)
 
 
-def _link_specializations(closure: Closure, extractor: Extractor, root: Item) -> None:
-    """The GPU specializations (`struct F<tv::TorchGPU, T, I> {` in a CUDA source) of the class
-    templates the closure uses, each with its closure, before `root`: spconv's launchers call
-    several functors whose primaries only declare `operator()`, and the definitions reach the
-    label only through the linker (mmcv's indice convolution: undefined symbol
-    `SparseScatterAddFunctor<tv::TorchGPU, double, int>::operator()` at import)."""
-    models = extractor.disc.models
-    done: set[int] = set()
-    while True:
-        have = {id(e.item) for e in closure.entries}
-        used = set().union(*(e.item.refs for e in closure.entries if e.item.kind != "decl"))
-        primaries = {  # id of each primary the closure uses, by name
-            id(e.item): e.item.names[0]
-            for e in closure.entries
-            if e.item.kind == "type" and e.item.names[:1] and e.item.names[0] in used
-        }
-        names = set(primaries.values())
-        found = []
-        for f, m in models.items():
-            if not _GPU_SOURCE.search(f):
-                continue
-            for it in m.items:
-                if it.kind != "type" or not it.names or it.names[0] not in names:
-                    continue
-                if id(it) in have | done or not is_specialization(it, m.code[it.start : it.end]):
-                    continue
-                done.add(id(it))
-                linear = extractor.linearizer.linear(it.file)
-                # it specializes the closure's primary only where its file sees that one (a
-                # file of its own may declare another primary of the same name)
-                if any(primaries.get(id(e.item)) == it.names[0] for e in linear.entries):
-                    found.append((it, linear))
-        if not found:
-            return
-        for spec, linear in found:
-            link_before(closure, compute_closure(spec, linear), root)
-
-
 def _spans(model, item: Item) -> tuple[str, str]:
     return model.text[item.start : item.end], model.code[item.start : item.end]
 
@@ -363,7 +325,7 @@ def mine_wrapper(
             if not _holds(other, fk):
                 continue
             link_before(closure, other, root)
-        _link_specializations(closure, extractor, root)
+        link_specializations(closure, extractor, root, _GPU_SOURCE)
         _link_declared(closure, extractor, root)
         fill_defaults(closure, lambda it: _spans(disc.models[it.file], it))
         includes, code = render_host_code(closure, disc.models)
