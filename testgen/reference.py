@@ -51,6 +51,12 @@ _REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\
 _CPU_WORD = re.compile(r"cpu|CPU|Cpu")
 _STEM = re.compile(r"_?(?:cuda|cpu|gpu)", re.IGNORECASE)
 _GPU_DIR = re.compile(r"(^|/)(cuda|gpu)(/|$)|\.cuh?$")
+# a word naming another accelerator's backend (mmcv's `get_indice_pairs_forward_mlu` and
+# `..._musa`, called with the CUDA function's very arguments under `at::kMLU`): no CPU side
+_ACCELERATOR = re.compile(
+    r"(?:^|_|(?<=[a-z0-9]))(?:MLU|MUSA|NPU|MPS|XPU|HIP|IPU|HPU|DIPU)(?=$|_|[A-Z])"
+    r"|(?:^|_)(?:mlu|musa|npu|mps|xpu|hip|ipu|hpu|dipu)(?=$|_)"
+)
 _CUDA_HEADER = re.compile(
     r"^(cuda|cub/|thrust/|curand|cublas|cusparse|cufft|cudnn|nvToolsExt|nvtx|helper_cuda)"
     r"|^(ATen/cuda|c10/cuda|THC)/|\.cuh$"
@@ -285,6 +291,8 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
         other_branch = _other_device_branch(refs.body(caller), callee, refs.defs)
         for ref in sorted(caller.refs):
             if ref in on_path or not (_CPU_WORD.search(ref) or ref in other_branch):
+                continue
+            if _ACCELERATOR.search(ref) and not _CPU_WORD.search(ref):
                 continue
             same = _STEM.sub("", ref).strip("_") == _STEM.sub("", caller.names[0]).strip("_")
             if _twin_of(ref, on_path) or same or ref in other_branch:

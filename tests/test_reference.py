@@ -666,3 +666,61 @@ def test_the_label_keeps_the_gpu_side_of_its_launchers_device_tests(tmp_path):
     assert keep_side(code, code, cpu=True)[0] == "{ { c(); } { c(); } }"
     for kept in ("{ if (x.is_cuda()) { g(); } else if (y) { c(); } }", "{ if (x.is_cuda()) g(); }"):
         assert keep_side(kept, kept, cpu=True)[0] == kept
+
+
+_SHIFT_CU = """#include <torch/extension.h>
+__global__ void shift_kernel(float *out, const float *in, float k, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] + k;
+}
+at::Tensor shift_forward_cuda(at::Tensor x, double k) {
+  auto out = at::empty_like(x);
+  shift_kernel<<<(x.numel() + 255) / 256, 256>>>(out.data_ptr<float>(), x.data_ptr<float>(),
+                                                 (float)k, x.numel());
+  return out;
+}
+"""
+_SHIFT_OP = """#include <torch/extension.h>
+at::Tensor shift_forward_cuda(at::Tensor x, double k);
+at::Tensor shift_forward_mlu(at::Tensor x, double k) { return x.clone(); }
+at::Tensor shift_forward(at::Tensor x, double k) {
+  if (x.device().is_cuda()) {
+    return shift_forward_cuda(x, k);
+  } else if (x.device().type() == at::kMLU) {
+    return shift_forward_mlu(x, k);
+  } else {
+    AT_ERROR("shift is not implemented on CPU");
+  }
+}
+"""
+
+
+def test_another_accelerators_branch_is_no_cpu_reference(tmp_path):
+    """mmcv's op functions send CUDA tensors to the CUDA launcher and MLU or MUSA tensors to
+    those backends' functions, with the same arguments; that branch is no CPU implementation
+    (mmcv's indice-pair kernels got `get_indice_pairs_forward_mlu` as their reference). A CPU
+    branch beside it still is one."""
+    repo = tmp_path / "repo"
+    (repo / "csrc" / "cuda").mkdir(parents=True)
+    (repo / "csrc" / "cuda" / "shift_cuda.cu").write_text(_SHIFT_CU)
+    (repo / "csrc" / "shift.cpp").write_text(_SHIFT_OP)
+    kern = Kernel(
+        name="shift_kernel", file="csrc/cuda/shift_cuda.cu", line=2, start_line=2, end_line=5,
+        source="",
+    )  # fmt: skip
+    cand = Candidate(
+        id="e" * 16, kernel=kern, provenance=Provenance(repo_url="https://x/s", commit="c" * 40)
+    )
+    cand.wrapper.launcher, cand.wrapper.functions = "shift_forward_cuda", ["shift_forward_cuda"]
+    why = locate(cand, RepoRefs(discover(repo)))
+    assert isinstance(why, str) and why.startswith("no CPU function"), why
+    with_cpu = _SHIFT_OP.replace(
+        '    AT_ERROR("shift is not implemented on CPU");', "    return shift_host(x, k);"
+    ).replace(
+        "at::Tensor shift_forward(",
+        "at::Tensor shift_host(at::Tensor x, double k) { return x + k; }\n"
+        "at::Tensor shift_forward(",
+    )
+    (repo / "csrc" / "shift.cpp").write_text(with_cpu)
+    found = locate(cand, RepoRefs(discover(repo)))
+    assert not isinstance(found, str) and found.cpu.names[0] == "shift_host", found
