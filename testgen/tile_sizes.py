@@ -29,7 +29,9 @@ TILE_SIZES = (48, 65)
 TILE_RANK = 3  # past it a tensor of 65 a side is too large to probe
 _TILED = re.compile(
     r"[\w)\]]\s*%\s*[\w(]"  # an alignment
-    r"|\b[A-Za-z_]\w*\s*(?:>=|<=|>|<)\s*[A-Za-z_]\w*\b(?!\s*[<(:])"  # a threshold of two names
+    # a threshold of two names (spaced as formatted code spaces a comparison, unlike the
+    # angle brackets of `static_cast<int>(n)` or `is_same<T, float>`)
+    r"|\b[A-Za-z_]\w*\s+(?:>=|<=|>|<)\s+[A-Za-z_]\w*\b(?!\s*[<(:])"
 )
 
 

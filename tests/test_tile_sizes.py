@@ -56,3 +56,14 @@ def test_kernels_picked_by_alignment_or_a_threshold_get_the_tile_sizes():
     assert tile_sizes(FUNCTOR, "gatherGenericKernel") == ()
     # one width only the smallest common tile (16) aligns, one count past the largest (64)
     assert any(s % 16 == 0 and s % 32 for s in TILE_SIZES) and any(s > 64 for s in TILE_SIZES)
+
+
+def test_template_brackets_and_literal_bounds_are_no_threshold():
+    cast = FUNCTOR.replace("  if (size <= 0) return buffer;", "  if (static_cast<int>(size) > 0)")
+    cast = cast.replace("  SparseGatherFunctor<float>()(", "    SparseGatherFunctor<float>()(")
+    assert "if (static_cast<int>(size) > 0)" in cast
+    assert not tiled(cast, "gatherGenericKernel")
+    typed = cast.replace("static_cast<int>(size) > 0", "std::is_same<T, float>::value")
+    assert not tiled(typed, "gatherGenericKernel")
+    spaced = cast.replace("static_cast<int>(size) > 0", "size > numPlanes")
+    assert tiled(spaced, "gatherGenericKernel")
