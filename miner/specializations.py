@@ -20,9 +20,9 @@ from miner.closure import Closure, compute_closure, link_before
 from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.linearize import Entry
+from miner.textprep import bracket_end, split_top
 
 _SIGNATURE = re.compile(r"(operator\s*\(\s*\)|~?[A-Za-z_]\w*)\s*\(")
-_OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
 _BODY_OR_END = re.compile(r"\s*(?:const\b|noexcept\b|override\b|\s)*[;{]")
 
 
@@ -33,57 +33,36 @@ def is_specialization(item: Item, code: str) -> bool:
     return bool(re.search(rf"\b(?:struct|class)\s+{re.escape(item.names[0])}\s*<", head))
 
 
-def _close(code: str, open_at: int) -> int:
-    """The offset of the parenthesis closing the one at `open_at` (-1: none)."""
-    depth = 0
-    for i in range(open_at, len(code)):
-        depth += {"(": 1, ")": -1}.get(code[i], 0)
-        if depth == 0:
-            return i
-    return -1
-
-
-def _params(code: str, start: int, end: int) -> list[tuple[int, int]]:
-    """The spans of the top-level comma-separated parameters in code[start:end]."""
-    spans, depth, at = [], [], start
-    for i in range(start, end):
-        c = code[i]
-        if c in _OPEN and (c != "<" or re.search(r"[\w:]\s*$", code[at:i])):
-            depth.append(_OPEN[c])
-        elif depth and c == depth[-1]:
-            depth.pop()
-        elif c == "," and not depth:
-            spans.append((at, i))
-            at = i + 1
-    if code[at:end].strip():
-        spans.append((at, end))
-    return spans
-
-
 def _declared(code: str) -> list[tuple[str, list[tuple[int, int]]]]:
     """Member function signatures (`name(type a, type b = 1)` before `;`, `{` or a qualifier),
-    each with its parameter spans; calls are left out (a parameter needs a type and a name)."""
+    each with its parameters' spans; calls are left out (a parameter needs a type and a name)."""
     out = []
     for m in _SIGNATURE.finditer(code):
-        close = _close(code, m.end() - 1)
-        if close < 0 or not re.match(
-            r"\s*(?:const\b|noexcept\b|override\b|\s)*[;{]", code[close + 1 :]
-        ):
+        end = bracket_end(code, m.end() - 1, "(", ")")
+        if end is None or not _BODY_OR_END.match(code, end):
             continue
-        spans = _params(code, m.end(), close)
+        spans, at = [], m.end()
+        for part in split_top(code[m.end() : end - 1]):
+            at = code.index(part, at)
+            spans.append((at, at + len(part)))
+            at += len(part)
         heads = [code[a:b].split("=", 1)[0].strip() for a, b in spans]
         if all(re.search(r"[\w>&*\]]\s*[&*]?\s*[A-Za-z_]\w*$", h) and " " in h for h in heads):
             out.append((re.sub(r"\s+", "", m.group(1)), spans))
     return out
 
 
-def with_defaults(spec_text: str, spec_code: str, primary_code: str) -> str | None:
+def with_defaults(spec: tuple[str, str], primary: tuple[str, str]) -> str | None:
     """The specialization's text with the primary's default arguments on its members (None:
-    nothing to add)."""
+    nothing to add); each is given as its original text and its blanked code."""
+    (spec_text, spec_code), (primary_text, primary_code) = spec, primary
     defaults: dict[tuple[str, int], dict[int, str]] = {}
     for name, spans in _declared(primary_code):
-        parts = [primary_code[a:b].split("=", 1) for a, b in spans]
-        given = {i: part[1].strip() for i, part in enumerate(parts) if len(part) == 2}
+        given = {  # the default as written (a string literal is blank in the code)
+            i: primary_text[a + primary_code[a:b].index("=") + 1 : b].strip()
+            for i, (a, b) in enumerate(spans)
+            if "=" in primary_code[a:b]
+        }
         if given:
             defaults[(name, len(spans))] = given
     edits = []
@@ -97,28 +76,24 @@ def with_defaults(spec_text: str, spec_code: str, primary_code: str) -> str | No
     return spec_text if edits else None
 
 
-def fill_defaults(closure: Closure, code_of: Callable[[Item], tuple[str, str]]) -> None:
-    """Each specialization in the closure gets the defaults of its primary there (`code_of`:
+def fill_defaults(closure: Closure, spans_of: Callable[[Item], tuple[str, str]]) -> None:
+    """Each specialization in the closure gets the defaults of its primary there (`spans_of`:
     an item's original text and blanked code)."""
-    primaries = {}
-    for e in closure.entries:
-        if (
-            e.item.kind == "type"
-            and e.item.names
-            and not is_specialization(e.item, code_of(e.item)[1])
-        ):
-            primaries.setdefault(e.item.names[0], e.item)
+    primaries: dict[str, tuple[str, str]] = {}
+    specializations = []
     for k, e in enumerate(closure.entries):
-        primary = primaries.get(e.item.names[0]) if e.item.kind == "type" and e.item.names else None
-        if primary is None or primary is e.item:
+        if e.item.kind != "type" or not e.item.names:
             continue
-        if e.item.override:
-            continue
-        text, code = code_of(e.item)
-        filled = with_defaults(text, code, code_of(primary)[1])
+        sp = spans_of(e.item)
+        if is_specialization(e.item, sp[1]):
+            specializations.append((k, e, sp))
+        else:
+            primaries.setdefault(e.item.names[0], sp)
+    for k, e, sp in specializations:
+        primary = primaries.get(e.item.names[0])
+        filled = with_defaults(sp, primary) if primary and not e.item.override else None
         if filled is not None:
-            item = dataclasses.replace(e.item, override=filled)
-            closure.entries[k] = Entry(item, e.guards)
+            closure.entries[k] = Entry(dataclasses.replace(e.item, override=filled), e.guards)
 
 
 def link_specializations(
@@ -147,7 +122,9 @@ def link_specializations(
             for it in m.items:
                 if it.kind != "type" or not it.names or it.names[0] not in names:
                     continue
-                if id(it) in have | done or not is_specialization(it, m.code[it.start : it.end]):
+                if id(it) in have or id(it) in done:
+                    continue
+                if not is_specialization(it, m.code[it.start : it.end]):
                     continue
                 done.add(id(it))
                 linear = extractor.linearizer.linear(it.file)

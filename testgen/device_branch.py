@@ -58,9 +58,7 @@ def host_closure(refs, original: Item, host: Item, on_cpu) -> Closure:
     class templates it uses (each with its own closure) placed before it."""
     linear = swapped(refs.linearizer.linear(original.file), original, host)
     launching = frozenset(  # the GPU specializations beside it: they launch kernels
-        id(e.item)
-        for e in linear.entries
-        if e.item.kind == "type" and _specializes(refs, e.item) and "<<<" in refs.body(e.item)
+        id(e.item) for e in linear.entries if e.item.kind == "type" and _launching(refs, e.item)
     )
     closure = compute_closure(host, linear, refs.context_linear(original.file), launching)
     types = {n for e in closure.entries if e.item.kind == "type" for n in e.item.names}
@@ -68,14 +66,14 @@ def host_closure(refs, original: Item, host: Item, on_cpu) -> Closure:
         for spec in refs.types.get(name, []):
             if any(e.item is spec for e in closure.entries) or not on_cpu(spec):
                 continue
-            if not _specializes(refs, spec) or "<<<" in refs.body(spec):  # a GPU one launches
+            if not is_specialization(spec, refs.body(spec)) or _launching(refs, spec):
                 continue
             link_before(closure, compute_closure(spec, refs.linearizer.linear(spec.file)), host)
-    fill_defaults(
-        closure, lambda it: (refs.disc.models[it.file].text[it.start : it.end], refs.body(it))
-    )
+    fill_defaults(closure, lambda it: (refs.text(it), refs.body(it)))
     return closure
 
 
-def _specializes(refs, item: Item) -> bool:
-    return is_specialization(item, refs.body(item))
+def _launching(refs, item: Item) -> bool:
+    """A GPU specialization: it launches kernels."""
+    body = refs.body(item)
+    return "<<<" in body and is_specialization(item, body)

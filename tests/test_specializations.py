@@ -7,6 +7,7 @@ from conftest import kernel
 from miner.discover import discover
 from miner.extract import Extractor
 from miner.specializations import with_defaults
+from miner.textprep import blank_comments_and_strings as blanked
 from wrappers.mined import LauncherIndex, mine_wrapper
 
 _FUNCTORS_H = """#pragma once
@@ -110,6 +111,7 @@ def test_defaults_go_onto_member_declarations_only():
                    const tv::SimpleVector<Index, NDim> s, bool transpose, bool resetGrid = false);
   void g(int a, float b = 1.0f);
   void h(int a = 2);
+  void m(std::string mode = "sum");
 };"""
     spec = """struct F<tv::GPU, Index, NDim> {
   Index operator()(const tv::GPU &d, tv::TensorView<const Index> a,
@@ -119,11 +121,14 @@ def test_defaults_go_onto_member_declarations_only():
   }
   void g(int a, float b) const { h(a); }
   void h(int a, int b) {}
+  void m(std::string mode) {}
 };"""
-    filled = with_defaults(spec, spec, primary)
+    # the code each is read in has its strings blanked; a default is copied as written
+    filled = with_defaults((spec, blanked(spec)), (primary, blanked(primary)))
     assert filled is not None
     assert "bool transpose, bool resetGrid = false) {" in filled
     assert "void g(int a, float b = 1.0f) const { h(a); }" in filled
     assert "g(a, b);" in filled and "foo(x, y);" in filled  # calls are not declarations
     assert "void h(int a, int b) {}" in filled  # another arity: another function
-    assert with_defaults(filled, filled, primary) is None  # nothing left to add
+    assert 'void m(std::string mode = "sum") {}' in filled
+    assert with_defaults((filled, blanked(filled)), (primary, blanked(primary))) is None
