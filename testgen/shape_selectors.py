@@ -208,10 +208,10 @@ def shape_selectors(
     root = ts.Parser(LANGUAGE).parse(code.encode("latin-1", errors="replace")).root_node
     name = kernel.split("::")[-1]
     leads = _leads(_definitions(root, code), code, name)
+    others = "|".join(map(re.escape, sorted(leads - {name}))) or "(?!)"  # none: no lead call
     sites = re.compile(
-        rf"\b{re.escape(name)}\b[^;{{}}]*?<<<|\b(?:"
-        + "|".join(map(re.escape, sorted(leads - {name})) or ["(?!)"])
-        + r")\b\s*(?:<[^;{}]*?>)?\s*(?:::\s*\w+\s*)?\("
+        rf"\b{re.escape(name)}\b[^;{{}}]*?<<<"
+        rf"|\b(?:{others})\b\s*(?:<[^;{{}}]*?>)?\s*(?:::\s*\w+\s*)?\("
     )
     out: list[tuple[int, int, int]] = []
     for site in sites.finditer(code):

@@ -182,3 +182,31 @@ def test_guards_are_evaluated_as_c_integers_and_nothing_else_runs():
     assert not holds("c << 100000000", c=1)  # refused, not computed
     assert not holds("__import__('os').system('true')", c=1)  # a call is no guard
     assert not holds("(lambda: 1)()", c=1)
+
+
+UNGUARDED_HOST = """
+__global__ void plain_kernel(float* x, int n) {}
+
+auto scale = [](const at::Tensor& x) {
+  const int n = x.size(0);
+  if (n > 512) {
+    x.mul_(2);
+  }
+  plain_kernel<<<1, 32>>>(x.data_ptr<float>(), n);
+  return x;
+};
+"""
+
+
+def test_a_kernel_launched_under_no_guard_gets_no_size_from_other_calls_guards():
+    """Only the kernel's launch and calls of functions that launch it are its sites; a kernel
+    launched from no named function (a lambda here) has no other: every call under a size
+    guard used to count as one."""
+    import torch
+
+    recorded = [[torch.rand(4)], [torch.rand(9)]]
+    assert shape_selectors(UNGUARDED_HOST, "plain_kernel", ["x"], recorded) == []
+    guarded = UNGUARDED_HOST.replace(
+        "x.mul_(2);", "plain_kernel<<<1, 32>>>(x.data_ptr<float>(), n);"
+    )
+    assert shape_selectors(guarded, "plain_kernel", ["x"], recorded) == [(0, 0, 513)]
