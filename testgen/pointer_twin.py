@@ -15,6 +15,7 @@ from typing import Protocol
 
 from miner.candidate import Candidate
 from miner.textprep import blank_comments_and_strings
+from wrappers.adapter import adapt
 from wrappers.signature import Signature, parse_signature
 
 
@@ -28,16 +29,19 @@ class RepoRefs(Protocol):
     def signature(self, item) -> Signature | None: ...
 
 
-def pointer_adapter(cand: Candidate, refs: RepoRefs, label_text: str) -> tuple | str | None:
+def pointer_adapter(
+    cand: Candidate, refs: RepoRefs, label_text: str, launcher_item=None
+) -> tuple | str | None:
     """(the launcher's definition, the adapter's signature, its text) when the label's exposed
     function is kminer's adapter over a launcher that takes device pointers (wrappers.adapter):
     the repository's code starts at the launcher, whose parameters the adapter keeps by name.
     None when the label exposes no adapter; a reason when its parameters are not the
-    launcher's (an object built from its constructor's arguments)."""
+    launcher's (an object built from its constructor's arguments). `launcher_item`: the
+    launcher's definition where it is no host function (a kernel adapted alone)."""
     exposed, launcher = (cand.wrapper.functions or [""])[0], cand.wrapper.launcher
     if not (exposed and launcher and label_text) or exposed in refs.defs:
         return None
-    item = refs.definition(launcher)
+    item = launcher_item or refs.definition(launcher)
     code = blank_comments_and_strings(label_text)
     at = re.search(rf"^[^\n;{{}}]*\b{re.escape(exposed)}\s*\(", code, re.MULTILINE)
     sig = parse_signature(code[at.start() :], exposed) if at else None
@@ -67,6 +71,23 @@ def pointer_reference(adapter: str, exposed: str, launcher: str, cpu: str) -> tu
     body = re.sub(rf"(?<![\w:]){re.escape(launcher)}(?=\s*[<(])", cpu, body)
     code = (
         f"// kminer: {cpu} takes the pointers {launcher} takes; the label's adapter calls it\n"
+        f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"
+    )
+    return code, "&kminer_ref::reference"
+
+
+def twin_reference(cpu: Signature, qualified: str) -> tuple[str, str]:
+    """(C++ code, what `m.def("reference", ...)` binds) for a kernel's CPU twin
+    (wrappers.kernel_twin): an adapter of its own over the same tensors, numbers and flags. A
+    twin of `float *` rejects a double tensor (`data_ptr<float>`): that case has no reference."""
+    plain = Signature(cpu.name, qualified, cpu.returns, cpu.params, cpu.template)
+    made = adapt(plain, "", ("float", "double"))
+    if made is None:
+        raise ValueError(f"{cpu.name} takes what no tensor, number or flag gives")
+    sig, text = made
+    body = text.replace(sig.name, "reference", 1)
+    code = (
+        f"// kminer: {cpu.name} takes the kernel's parameters; an adapter calls it\n"
         f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"
     )
     return code, "&kminer_ref::reference"

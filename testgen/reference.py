@@ -41,7 +41,8 @@ from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
-from testgen.pointer_twin import pointer_adapter, pointer_reference
+from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
+from wrappers.kernel_twin import twin_names
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
 from wrappers.opmap import TWINS
@@ -86,7 +87,7 @@ def cpu_env() -> MacroEnv:
 
 @dataclass
 class Located:
-    mechanism: str  # registry | sibling | direct | twin | group twin | device branch
+    mechanism: str  # registry | sibling | direct | twin | group twin | device branch | kernel twin
     cpu: Item  # the CPU function's definition
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
@@ -227,7 +228,16 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     e_item = refs.definition(exposed) if exposed else None
     sig = refs.index.signature(e_item) if e_item else None  # a template: at the label's args
-    adapted = pointer_adapter(cand, refs, label_text) if sig is None else None
+    kernel_item = next(  # a label over the kernel alone (wrappers.kernel_twin)
+        (
+            fk.kdef.item
+            for fk in refs.disc.kernels
+            if cand.wrapper.launcher == cand.kernel.name == fk.kdef.name
+            and fk.file == cand.kernel.file
+        ),
+        None,
+    )
+    adapted = pointer_adapter(cand, refs, label_text, kernel_item) if sig is None else None
     if isinstance(adapted, str):
         return adapted
     if adapted:
@@ -237,6 +247,13 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     params = [n for _, n in sig.params]
     if not all(params):
         return f"{exposed} has unnamed parameters"
+    if adapted and kernel_item is not None:  # 0. the kernel's own twin
+        for twin in twin_names(cand.kernel.name):
+            item = refs.definition(twin, host_side=True)
+            if item is None or _GPU_DIR.search(item.file) or refs.params_of(twin) != params:
+                continue
+            if not _only_raises(refs.body(item)):
+                return Located("kernel twin", item, sig, params, twin, "", adapter_text)
     paths = refs.upward(e_item)
     undefined: list[str] = []
     reasons: list[str] = []
@@ -447,7 +464,9 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
-    if loc.pointer_adapter:
+    if loc.mechanism == "kernel twin":
+        code, target = twin_reference(refs.signature(loc.cpu), cpu)
+    elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper
         code, target = pointer_reference(
             loc.pointer_adapter, loc.exposed.name, cand.wrapper.launcher, helper_name or cpu

@@ -269,3 +269,49 @@ def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
     for call in calls[3::4]:
         feats, idx, _, s = call.args
         assert feats.shape == (48, 48) and idx.min() >= 0 and idx.max() < s
+
+
+# reads one entry of each of n rows c wide: a wrong width reads far past a 1-D tensor
+FAR_REFERENCE = r"""
+#include <torch/extension.h>
+at::Tensor last_row_cpu(const at::Tensor x, const int c, const int n) {
+  auto out = torch::zeros({1}, x.options());
+  out.data_ptr<float>()[0] = x.data_ptr<float>()[(n - 1) * c] + 1;
+  return out;
+}
+void kminer_bind(pybind11::module_& m) { m.def("reference", &last_row_cpu); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+"""
+
+
+@pytest.mark.slow
+def test_a_read_far_past_a_tensor_is_seen_through_its_fences(tmp_path):
+    """An index far past a tensor's end lands in other live memory, where AddressSanitizer
+    sees nothing; each tensor of a draft sits between poisoned fences, so it is a report."""
+    reference = tmp_path / "last_row.cpp"
+    reference.write_text(FAR_REFERENCE)
+    params = [("const at::Tensor", "x"), ("const int", "c"), ("const int", "n")]
+    texts = [(FAR_REFERENCE, ["x", "c", "n"])]
+    calls = probed_calls(params, texts, reference, tmp_path / "probes")
+    assert isinstance(calls, list) and calls
+    for call in calls:
+        x, c, n = call.args
+        assert 0 <= (n - 1) * c < x.numel(), (x.shape, c, n)
+
+
+def test_a_dispatchs_per_branch_type_name_is_no_alias():
+    """kminer's adapter names the dtype per branch (`using scalar_t = float;`, then `double`):
+    the name stands for no one type, and a tensor read as it is drafted as the dispatch's
+    float, which a twin of `float *` takes."""
+    adapter = (
+        "void kminer_k(at::Tensor x) {\n"
+        "  if (x.scalar_type() == at::kFloat) {\n    using scalar_t = float;\n"
+        "    k<scalar_t><<<1, 1>>>(x.data_ptr<scalar_t>());\n  }\n"
+        "  if (x.scalar_type() == at::kDouble) {\n    using scalar_t = double;\n"
+        "    k<scalar_t><<<1, 1>>>(x.data_ptr<scalar_t>());\n  }\n}\n"
+    )
+    (slot,) = slots_for([("at::Tensor", "x")], [(adapter, ["x"])])
+    assert slot.facts.dtype == torch.float32
+    aliased = "using Int = int32_t;\n" + adapter.replace("data_ptr<scalar_t>", "data_ptr<Int>")
+    (slot,) = slots_for([("at::Tensor", "x")], [(aliased, ["x"])])
+    assert slot.facts.dtype == torch.int32

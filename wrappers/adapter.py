@@ -28,12 +28,17 @@ _TYPENAMES = re.compile(r"(?:typename|class)\s+(\w+)")
 
 
 def aliases(code: str) -> dict[str, str]:
-    """`using Int = int32_t;` and `typedef int Int;` of the label's code: name → type."""
-    out = {}
+    """`using Int = int32_t;` and `typedef int Int;` of the label's code: name → type. A name
+    bound to several types names none of them (a dtype dispatch's `using scalar_t = float;`,
+    then `double` in the next branch)."""
+    out: dict[str, str] = {}
+    several: set[str] = set()
     for m in _ALIAS.finditer(code):
         name, target = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
-        out[name] = " ".join(target.split())
-    return out
+        target = " ".join(target.split())
+        if out.setdefault(name, target) != target:
+            several.add(name)
+    return {k: v for k, v in out.items() if k not in several}
 
 
 def _resolved(core: str, names: dict[str, str]) -> str:
@@ -65,12 +70,14 @@ def adapt(
     code: str,
     dtypes: tuple[str, ...] = ("float", "double"),
     classes: dict[str, BoundClass] | None = None,
+    launch: str = "",
 ) -> tuple[Signature, str] | None:
     """The adapter's signature and text for launcher `sig`, or None when a parameter is
     neither a pointer to numbers, a number, nor an object of one of `classes` (the bound
     classes: wrappers.bound_class), or what it returns is neither a number nor bindable.
     A template launcher is instantiated only for `dtypes` that its unit compiled with
-    (SparseConvNet's double convolution asks for more shared memory than a block has)."""
+    (SparseConvNet's double convolution asks for more shared memory than a block has).
+    `launch`: the `<<<...>>>` of a kernel adapted itself (wrappers.kernel_twin), checked."""
     typenames = _TYPENAMES.findall(sig.template)
     if sig.template and (len(typenames) != 1 or "," in sig.template):
         return None  # only `template <typename T>`: one dtype to dispatch on
@@ -130,10 +137,13 @@ def adapt(
     returned = host_return != "void"
     give = f"return static_cast<{host_return}>(" if number else ("return " if returned else "")
     close = ")" if number else ""
+    checked = "    C10_CUDA_KERNEL_LAUNCH_CHECK();\n" if launch else ""
     if typenames:
         branches = "".join(
             f"  if ({dispatch}.scalar_type() == {_SCALAR_TYPES[t]}) {{\n"
-            f"    using scalar_t = {t};\n    {give}{sig.qualified}<scalar_t>({args}){close};\n"
+            f"    using scalar_t = {t};\n"
+            f"    {give}{sig.qualified}<scalar_t>{launch}({args}){close};\n"
+            + checked
             + ("" if returned else "    return;\n")
             + "  }\n"
             for t in floating
@@ -143,7 +153,7 @@ def adapt(
         if returned:
             body += f"  return {host_return}();\n"
     else:
-        body = f"  {give}{sig.qualified}({args}){close};\n"
+        body = f"  {give}{sig.qualified}{launch}({args}){close};\n" + checked.replace("    ", "  ")
     body = prelude + body
     text = (
         f"// kminer adapter: {sig.name} takes device pointers; each is a tensor's data here\n"

@@ -21,7 +21,7 @@ _REGOP = re.compile(r"\.op\s*\(\s*\"(?:\w+::)?(\w+)\"\s*,\s*&?\s*([\w:]+)")
 TWINS = (("_cuda", "_cpu"), ("_gpu", "_cpu"), ("CUDA", "CPU"), ("Cuda", "Cpu"), ("cuda", "cpu"))
 
 
-def _functions(disc: Discovery) -> dict[str, list[Item]]:
+def functions_by_name(disc: Discovery) -> dict[str, list[Item]]:
     out: dict[str, list[Item]] = {}
     for model in disc.models.values():
         for item in model.items:
@@ -64,7 +64,7 @@ def _callers_up(chain: list[str], callers: dict[str, list[Item]], disc: Discover
 
 def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
     """Everything known about the op around `chain` (launcher first, exposed function last)."""
-    functions = _functions(disc)
+    functions = functions_by_name(disc)
     names = _callers_up(chain, callers, disc)
     registrations = []
     bindings = {}

@@ -15,10 +15,11 @@ from miner.candidate import Candidate, Reason, StageName, StageResult, Status
 from miner.extract import Extractor
 from miner.stage import Done, RunContext, Stage
 from wrappers.build import BuildResult, build_batch
-from wrappers.label import Label, render_label, unit_parts, with_wrapper_includes
+from wrappers.kernel_twin import find_twin, has_twin, kernel_adapter
+from wrappers.label import Exposed, Label, render_label, unit_parts, with_wrapper_includes
 from wrappers.llm.flow import wrap_with_llm
 from wrappers.mined import LauncherIndex, mine_wrapper
-from wrappers.opmap import op_map
+from wrappers.opmap import functions_by_name, op_map
 from wrappers.rule import TEMPLATE_ID as RULE_TEMPLATE
 from wrappers.rule import rule_wrapper
 from wrappers.verdicts import cached_build
@@ -52,14 +53,18 @@ class Wrap(Stage):
     def run(self, batch: list[Candidate], ctx: RunContext) -> Iterator[Done]:
         disc = ctx.ensure_discovery()
         extractor, index = Extractor(disc), LauncherIndex(disc)
+        functions = functions_by_name(disc)
         (ctx.workdir / "labels").mkdir(exist_ok=True)
         ctx.counters["waiting_for_llm"] = 0
-        yield from self.each(batch, lambda cand: self._wrap(cand, ctx, extractor, index))
+        yield from self.each(batch, lambda cand: self._wrap(cand, ctx, extractor, index, functions))
 
-    def _wrap(self, cand: Candidate, ctx: RunContext, extractor, index) -> None:
+    def _wrap(self, cand: Candidate, ctx: RunContext, extractor, index, functions) -> None:
         start = time.perf_counter()
         try:
-            label = _mined_label(ctx, cand, extractor, index) or _rule_label(ctx, cand)
+            label = _mined_label(ctx, cand, extractor, index)
+            if label is None or not has_twin(cand.wrapper.chain, functions):
+                label = _twin_label(ctx, cand, index, functions) or label
+            label = label or _rule_label(ctx, cand)
             if label is None and ctx.llm is not None:
                 label = _llm_label(ctx, cand)
             if label is None:
@@ -113,6 +118,34 @@ def _mined_label(ctx: RunContext, cand: Candidate, extractor, index) -> Label | 
         device_code=mined.code,
         host_code="",
         functions=mined.functions(),
+        **_label_facts(cand),
+    )
+
+
+def _twin_label(ctx: RunContext, cand: Candidate, index, functions) -> Label | None:
+    """The kernel alone behind kminer's adapter, where a CPU function of its very parameters
+    is its twin and the mined label's functions have none (wrappers.kernel_twin)."""
+    compiled = cand.stage(StageName.COMPILE)
+    if compiled is None or compiled.status != Status.OK:
+        return None
+    if find_twin(cand.kernel, index, functions) is None:
+        return None
+    includes, device = unit_parts((ctx.workdir / cand.unit.path).read_text("latin-1"))
+    dtypes = tuple(cand.unit.compiled_types or ()) or ("float", "double")
+    made = kernel_adapter(cand.kernel, ctx.found[cand.id], index, device, dtypes)
+    if made is None:
+        return None
+    sig, adapter = made
+    cand.wrapper.launcher = cand.kernel.name
+    cand.wrapper.chain = [cand.kernel.name]
+    cand.wrapper.op_map = {}
+    return render_label(
+        strategy="mined",
+        launcher=cand.kernel.name,
+        includes=with_wrapper_includes(includes),
+        device_code=device,
+        host_code=adapter,
+        functions=[Exposed(sig.name, sig.reference())],
         **_label_facts(cand),
     )
 

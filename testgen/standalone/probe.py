@@ -6,7 +6,8 @@ in a process forked for it, and says what happened: `asan` when the sanitizer re
 write outside an allocation (its reports go to stderr, a file here), `raised` with the
 exception, `crashed` or `timeout`, `empty` when the call wrote nothing but zeros, else `ok`.
 A draft out of bounds may write over memory it does not own; in a child of its own, that harms
-no other draft, and a crash costs a fork, not a start of torch.
+no other draft, and a crash costs a fork, not a start of torch. Each tensor sits between
+poisoned fences (far past its end is someone else's memory, where ASan sees nothing).
 
 Drafts come in groups, best first, and a group ends at its KEEP-th `ok`. Each verdict is
 appended to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl KEEP,
@@ -15,6 +16,7 @@ DRAFTS a list of (group, arguments). Needs only python and torch.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import json
@@ -26,6 +28,7 @@ import time
 import torch
 
 DRAFT_SECONDS = 20.0
+FENCE_BYTES = 1 << 20  # poisoned on each side of a tensor, at least
 
 
 def _load(path: str, name: str):
@@ -57,7 +60,37 @@ def _reported(since: int) -> bool:
         return b"AddressSanitizer" in reports.read(1 << 20)
 
 
+def _poisoner():
+    """AddressSanitizer's `__asan_poison_memory_region`, where the runtime is preloaded."""
+    try:
+        poison = ctypes.CDLL(None).__asan_poison_memory_region
+    except (AttributeError, OSError):
+        return None
+    poison.argtypes, poison.restype = (ctypes.c_void_p, ctypes.c_size_t), None
+    return poison
+
+
+def _fenced(t: torch.Tensor, poison) -> torch.Tensor:
+    """A copy of `t` in the middle of a larger allocation whose rest is poisoned: an index
+    past the tensor by more than an allocation's own redzone lands in other live memory,
+    where the sanitizer sees nothing (`in_feat[in_pos * c + j]` with rows of the wrong
+    width); within a fence it is a report."""
+    if poison is None or not t.numel():
+        return t
+    size = t.element_size()
+    fence = max(FENCE_BYTES, 4 * t.numel() * size) // 64 * 64 // size  # elements, aligned
+    buf = torch.empty(t.numel() + 2 * fence, dtype=t.dtype)
+    inner = buf[fence : fence + t.numel()].view(t.shape)
+    inner.copy_(t)
+    start, end = buf.data_ptr(), buf.data_ptr() + buf.numel() * size
+    poison(start, fence * size)
+    poison(inner.data_ptr() + t.numel() * size, end - inner.data_ptr() - t.numel() * size)
+    return inner
+
+
 def _run_one(fn, args: list) -> str:
+    poison = _poisoner()
+    args = [_fenced(a, poison) if isinstance(a, torch.Tensor) else a for a in args]
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     size = os.fstat(2).st_size
     try:
