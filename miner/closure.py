@@ -187,11 +187,25 @@ def _ambiguous(entries: list[Entry]) -> dict[str, int]:
     return {n: count[n] for n, p in places.items() if len(p) > 1}
 
 
+_ONE_DEFINITION = frozenset({"variable", "typedef", "using"})  # no second one in a file
+
+
+def _defines(item: Item) -> tuple | None:
+    return (item.kind, item.names, item.namespace) if item.kind in _ONE_DEFINITION else None
+
+
 def link_before(closure: Closure, other: Closure, root: Item) -> None:
     """Join `other`'s entries (another translation unit's link-time definitions) right before
-    `root`, each once, and its includes; at the end when `root` is not there."""
+    `root`, each once, and its includes; at the end when `root` is not there. A variable or
+    type alias each unit defines for itself (OpenPCDet's `const int THREADS_PER_BLOCK_NMS` in
+    the .cpp and the .cu: internal linkage, one per unit) is defined once in the joined file."""
     have = {id(e.item) for e in closure.entries}
-    extra = [e for e in other.entries if id(e.item) not in have]
+    defined = {_defines(e.item) for e in closure.entries} - {None}
+    extra = [
+        e
+        for e in other.entries
+        if id(e.item) not in have and (_defines(e.item) is None or _defines(e.item) not in defined)
+    ]
     at = next((i for i, e in enumerate(closure.entries) if e.item is root), len(closure.entries))
     closure.entries[at:at] = extra
     closure.externals += [x for x in other.externals if x not in closure.externals]

@@ -495,3 +495,35 @@ def test_a_call_inside_a_local_macro_is_a_call_of_the_function_using_it(tmp_path
     index = LauncherIndex(disc)
     callers = {it.names[0] for it in index.callers["forward_pass"]}
     assert "bn_f" in callers and "other" not in callers
+
+
+def test_a_constant_each_unit_defines_for_itself_is_defined_once_in_the_label(tmp_path):
+    """OpenPCDet defines `const int THREADS_PER_BLOCK_NMS` in its .cu (the launcher's unit) and
+    in its .cpp (the bound function's): one per unit, internal linkage. Joined in one label it
+    is defined once (a second definition did not compile)."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "nms_kernel.cu").write_text(
+        "const int THREADS = sizeof(unsigned long long) * 8;\n"
+        "__global__ void nms_kernel(const float *boxes, int n, unsigned long long *mask) {\n"
+        "  if (threadIdx.x < n) mask[threadIdx.x] = boxes[threadIdx.x] > 0;\n}\n"
+        "void nmsLauncher(const float *boxes, int n, unsigned long long *mask) {\n"
+        "  nms_kernel<<<(n + THREADS - 1) / THREADS, THREADS>>>(boxes, n, mask);\n}\n"
+    )
+    (tmp_path / "nms.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "const int THREADS = sizeof(unsigned long long) * 8;\n"
+        "void nmsLauncher(const float *boxes, int n, unsigned long long *mask);\n"
+        "int nms_gpu(at::Tensor boxes, at::Tensor mask) {\n"
+        "  int n = boxes.size(0);\n"
+        "  auto *bits = (unsigned long long *)mask.data_ptr<int64_t>();\n"
+        "  nmsLauncher(boxes.data_ptr<float>(), n, bits);\n"
+        "  return (n + THREADS - 1) / THREADS;\n}\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("nms_gpu", &nms_gpu); }\n'
+    )
+    disc = discover(tmp_path)
+    w = mine_wrapper(kernel(disc, "nms_kernel"), Extractor(disc), LauncherIndex(disc))
+    assert w is not None and w.chain == ["nmsLauncher", "nms_gpu"]
+    assert w.code.count("const int THREADS =") == 1
+    assert w.code.index("const int THREADS =") < w.code.index("__global__ void nms_kernel")
