@@ -62,6 +62,13 @@ _CUDA_HEADER = re.compile(
     r"^(cuda|cub/|thrust/|curand|cublas|cusparse|cufft|cudnn|nvToolsExt|nvtx|helper_cuda)"
     r"|^(ATen/cuda|c10/cuda|THC)/|\.cuh$"
 )
+# OpenPCDet's iou3d_cpu.cpp writes `__device__ Point(...)` and includes <cuda_runtime_api.h>,
+# whose host_defines.h makes the qualifiers nothing on the host; a reference drops CUDA headers
+_QUALIFIERS = re.compile(r"\b__(?:device|host|forceinline|global)__\b")
+HOST_QUALIFIERS = "".join(
+    f"#ifndef {name}\n#define {name}{value}\n#endif\n"
+    for name, value in (("__device__", ""), ("__host__", ""), ("__forceinline__", " inline"))
+)
 DEPTH = 3  # callers above the exposed function searched for a bridge (mmcv: 1, nms_rotated: 1)
 _QUALIFIER = re.compile(r"(?<![\w:])([A-Za-z_]\w*)\s*::")
 _NAMESPACE = re.compile(r"\bnamespace\s+([A-Za-z_]\w*)\s*\{")
@@ -495,6 +502,8 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     prov = cand.provenance
     modern = modernize(cpu_includes(closure), [body, code], cuda=False)
     body, code = modern.codes
+    if _QUALIFIERS.search(body):  # a CPU twin copied from CUDA code keeps its qualifiers
+        body = HOST_QUALIFIERS + body
     return (
         f"// kminer reference {cand.id}: {cpu} ({loc.mechanism}) for {loc.exposed.name}\n"
         f"// from {prov.repo_url} @ {prov.commit[:12]}  {loc.cpu.file}:{loc.cpu.line}  "

@@ -12,7 +12,7 @@ from miner.repo_model import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
 from testgen.reference import RepoRefs, find_reference, locate
 from wrappers.batching import batch_source, split_label
-from wrappers.mined import mine_wrapper
+from wrappers.mined import LauncherIndex, mine_wrapper
 from wrappers.opmap import op_map
 from wrappers.signature import parse_signature
 
@@ -724,3 +724,54 @@ def test_another_accelerators_branch_is_no_cpu_reference(tmp_path):
     (repo / "csrc" / "shift.cpp").write_text(with_cpu)
     found = locate(cand, RepoRefs(discover(repo)))
     assert not isinstance(found, str) and found.cpu.names[0] == "shift_host", found
+
+
+@pytest.mark.slow
+def test_a_cpu_twin_written_with_cuda_qualifiers_builds_on_the_host(tmp_path):
+    """OpenPCDet's iou3d_cpu.cpp includes <cuda_runtime_api.h> and writes `__device__` on its
+    helpers, which CUDA's host_defines.h turns into nothing; a reference leaves CUDA headers out,
+    so it defines the qualifiers itself."""
+    import torch
+
+    from miner.extract import Extractor
+
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "csrc" / "cuda").mkdir(parents=True)
+    (repo / "csrc" / "cpu").mkdir(parents=True)
+    (repo / "csrc" / "cuda" / "span_cuda.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "__global__ void span_kernel(const float *b, float *out, int n) {\n"
+        "  int i = threadIdx.x;\n  if (i < n) out[i] = b[2 * i + 1] - b[2 * i];\n}\n"
+        "at::Tensor span_cuda(at::Tensor boxes) {\n"
+        "  auto out = at::empty({boxes.size(0)}, boxes.options());\n"
+        "  span_kernel<<<1, 256>>>(boxes.data_ptr<float>(), out.data_ptr<float>(), "
+        "boxes.size(0));\n  return out;\n}\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("span", &span_cuda); }\n'
+    )
+    (repo / "csrc" / "cpu" / "span_cpu.cpp").write_text(
+        "#include <torch/extension.h>\n#include <cuda_runtime_api.h>\n"
+        "struct Point {\n  float lo, hi;\n"
+        "  __device__ Point(float a, float b) : lo(a), hi(b) {}\n"
+        "  __host__ __device__ __forceinline__ float span() const { return hi - lo; }\n};\n"
+        "at::Tensor span_cpu(at::Tensor boxes) {\n"
+        "  auto out = at::empty({boxes.size(0)}, boxes.options());\n"
+        "  const float *b = boxes.data_ptr<float>();\n"
+        "  for (int i = 0; i < boxes.size(0); i++)\n"
+        "    out.data_ptr<float>()[i] = Point(b[2 * i], b[2 * i + 1]).span();\n"
+        "  return out;\n}\n"
+    )
+    disc = discover(repo)
+    index = LauncherIndex(disc)
+    fk = kernel(disc, "span_kernel")
+    mined = mine_wrapper(fk, Extractor(disc), index)
+    cand = to_candidate(fk, disc, Provenance(repo_url="https://x/span", commit="a" * 40))
+    cand.wrapper.launcher, cand.wrapper.chain = mined.chain[0], mined.chain
+    cand.wrapper.functions = [f.name for f in mined.functions()]
+    work.mkdir()
+    ref = find_reference(cand, repo, work, RepoRefs(disc, index))
+    assert isinstance(ref, Reference) and ref.function == "span_cpu", ref
+    text = (work / ref.path).read_text()
+    assert "cuda_runtime_api.h" not in text and "#define __device__\n" in text
+    mod = _built(tmp_path, "kminer_ref_span", work / ref.path)
+    boxes = torch.tensor([[0.0, 2.5], [1.0, 4.0]])
+    assert torch.equal(mod.reference(boxes), torch.tensor([2.5, 3.0]))
