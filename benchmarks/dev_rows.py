@@ -47,6 +47,7 @@ def table(workdir: Path, census: Path) -> dict:
     with_ref = [r for r in rows if r["ref_level"]]
     ok = {(c.kernel.file, c.kernel.name) for c in passed}
     ref_pass = [r for r in with_ref if (r["file"], r["kernel"]) in ok]
+    launched_ref = [r for r in with_ref if r["launched"] == "y"]
     tested = [c for c in cands if c.tests.path]
     return {
         "repository": cands[0].provenance.repo_url if cands else str(workdir),
@@ -60,6 +61,13 @@ def table(workdir: Path, census: Path) -> dict:
         "census_passing": len(ref_pass),
         "census_share": round(len(ref_pass) / len(with_ref), 3) if with_ref else None,
         "census_missing": sorted(r["kernel"] for r in with_ref if r not in ref_pass),
+        # a kernel no code launches can never be a row: the share over the launched ones
+        "census_launched": len(launched_ref),
+        "census_launched_share": (
+            round(len([r for r in launched_ref if r in ref_pass]) / len(launched_ref), 3)
+            if launched_ref
+            else None
+        ),
         "kernel_rows": len(passed),
         "op_rows": op_rows,
     }
@@ -78,7 +86,8 @@ def main(argv: list[str]) -> int:
     launched = f"{t['labels_build']}/{t['launched']}"
     print(
         f"| {t['repository']} | {t['kernels']} | {launched} | {t['tests']} | "
-        f"{t['census_passing']}/{t['census_with_reference']} | {t['kernel_rows']} | "
+        f"{t['census_passing']}/{t['census_with_reference']} "
+        f"({t['census_launched']} launched) | {t['kernel_rows']} | "
         f"{t['op_rows']} |"
     )
     print(f"  outcomes: {t['outcomes']}; census kernels not passing: {t['census_missing']}")
