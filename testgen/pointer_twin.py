@@ -76,14 +76,15 @@ def pointer_reference(adapter: str, exposed: str, launcher: str, cpu: str) -> tu
     return code, "&kminer_ref::reference"
 
 
-def twin_reference(cpu: Signature, qualified: str) -> tuple[str, str]:
+def twin_reference(cpu: Signature, qualified: str) -> tuple[str, str] | None:
     """(C++ code, what `m.def("reference", ...)` binds) for a kernel's CPU twin
     (wrappers.kernel_twin): an adapter of its own over the same tensors, numbers and flags. A
-    twin of `float *` rejects a double tensor (`data_ptr<float>`): that case has no reference."""
+    twin of `float *` rejects a double tensor (`data_ptr<float>`): that case has no reference.
+    None when the twin takes what no tensor, number or flag gives."""
     plain = Signature(cpu.name, qualified, cpu.returns, cpu.params, cpu.template)
     made = adapt(plain, "", ("float", "double"))
     if made is None:
-        raise ValueError(f"{cpu.name} takes what no tensor, number or flag gives")
+        return None
     sig, text = made
     body = text.replace(sig.name, "reference", 1)
     code = (

@@ -259,8 +259,11 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             item = refs.definition(twin, host_side=True)
             if item is None or _GPU_DIR.search(item.file) or refs.params_of(twin) != params:
                 continue
-            if not _only_raises(refs.body(item)):
-                return Located("kernel twin", item, sig, params, twin, "", adapter_text)
+            if _only_raises(refs.body(item)):
+                return f"{twin} only raises: the repository has no CPU implementation"
+            if twin_reference(refs.signature(item), twin) is None:
+                return f"{twin} takes what no tensor, number or flag gives"
+            return Located("kernel twin", item, sig, params, twin, "", adapter_text)
     paths = refs.upward(e_item)
     undefined: list[str] = []
     reasons: list[str] = []
@@ -472,7 +475,7 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
     if loc.mechanism == "kernel twin":
-        code, target = twin_reference(refs.signature(loc.cpu), cpu)
+        code, target = twin_reference(refs.signature(loc.cpu), cpu)  # locate checked it
     elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper
         code, target = pointer_reference(

@@ -25,7 +25,7 @@ from miner.filemodel import Item
 from miner.repo_model import FoundKernel
 from miner.textprep import bracket_end, split_top
 from wrappers.adapter import adapt
-from wrappers.mined import _GPU_SOURCE, LauncherIndex, launcher_candidates
+from wrappers.mined import GPU_SOURCE, LauncherIndex, launcher_candidates
 from wrappers.opmap import TWINS
 from wrappers.signature import Signature
 
@@ -97,7 +97,7 @@ def launch_config(kernel: Kernel, launcher_code: str, label_code: str) -> str | 
         mapped = [_renamed(c, renamed, params, label_code) for c in config[:3]]
         if None in mapped:
             continue
-        if len(mapped) == 2 and len(config) == 2:
+        if len(mapped) == 2:  # no shared memory given
             mapped.append("0")
         return ", ".join([*mapped, "at::cuda::getCurrentCUDAStream()"])
     return None
@@ -139,7 +139,7 @@ def find_twin(kernel: Kernel, index: LauncherIndex, functions: dict) -> Item | N
     names = [p.name for p in kernel.params]
     for twin in twin_names(kernel.name):
         for item in functions.get(twin, []):
-            sig = None if _GPU_SOURCE.search(item.file) else index.signature(item)
+            sig = None if GPU_SOURCE.search(item.file) else index.signature(item)
             if sig is not None and [n for _, n in sig.params] == names:
                 return item
     return None

@@ -244,7 +244,7 @@ def _nearest_first(items: list[Item], file: str) -> list[Item]:
     return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
 
 
-_GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
+GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
 
 
 def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: int = 3) -> None:
@@ -266,7 +266,7 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
             defs = [
                 it
                 for f, m in models.items()
-                if _GPU_SOURCE.search(f) and name in m.code
+                if GPU_SOURCE.search(f) and name in m.code
                 for it in m.items
                 if it.kind == "function" and not it.device and it.names[:1] == (name,)
             ]
@@ -325,7 +325,7 @@ def mine_wrapper(
             if not _holds(other, fk):
                 continue
             link_before(closure, other, root)
-        link_specializations(closure, extractor, root, _GPU_SOURCE)
+        link_specializations(closure, extractor, root, GPU_SOURCE)
         _link_declared(closure, extractor, root)
         fill_defaults(closure, lambda it: _spans(disc.models[it.file], it))
         includes, code = render_host_code(closure, disc.models)
