@@ -312,13 +312,20 @@ def compile_source(
         src.write_bytes(text.encode("latin-1", errors="replace"))
         argv = [nvcc_path() or "nvcc", "-c", *flags, str(src), "-o", str(src.with_suffix(".o"))]
         limits = sandbox.Limits(seconds=timeout, memory_mb=memory_mb, processes=64)
-        done = sandbox.run(argv, limits, cwd=Path(tmp))
-        log = (done.stdout + done.stderr).replace(str(src), name)
+        seconds = 0.0
+        for _ in range(2):  # a failure that says nothing is no verdict on the code: once more
+            done = sandbox.run(argv, limits, cwd=Path(tmp))
+            seconds += done.seconds
+            log = (done.stdout + done.stderr).replace(str(src), name)
+            if done.returncode in (0, None) or log.strip() or done.timed_out:
+                break
         if done.timed_out:
-            return None, f"nvcc timed out after {timeout:.0f} s", done.seconds
+            return None, f"nvcc timed out after {timeout:.0f} s", seconds
         if done.over_memory or done.returncode is None:
-            return 1, log + f"\nnvcc ended without a verdict ({done.notes})", done.seconds
-        return done.returncode, log, done.seconds
+            return 1, log + f"\nnvcc ended without a verdict ({done.notes})", seconds
+        if done.returncode and not log.strip():
+            log = f"nvcc exited {done.returncode} without a message, twice"
+        return done.returncode, log, seconds
 
 
 def extension_env() -> dict[str, str]:
