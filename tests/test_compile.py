@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from conftest import kernel, needs_nvcc
 
@@ -251,7 +249,8 @@ def test_nvcc_failing_without_a_message_is_run_once_more(tmp_path, monkeypatch):
         'for a; do out=$a; done\ntouch "$out"\nexit 0\n'
     )
     (fake / "nvcc").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    # nvcc_path is cached for the process: replaced here, never filled with the fake
+    monkeypatch.setattr(toolchain, "nvcc_path", lambda: str(fake / "nvcc"))
     code, log, _ = toolchain.compile_source("int x;\n", "unit.cu", [], 60)
     assert code == 0, log
     (fake / "nvcc").write_text("#!/bin/sh\nexit 3\n")
