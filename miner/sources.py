@@ -37,6 +37,9 @@ BACKEND_DIRS = frozenset(
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv"})
 HIP_COPY = re.compile(r"(^|[_.])hip([_.]|$)|hipify", re.IGNORECASE)
 MAX_FILE_BYTES = 2 * 1024 * 1024
+# a file only a CUDA build compiles: a .cu/.cuh, or any file under a cuda/ or gpu/ folder; a
+# label links its GPU side from these, a reference its CPU side from the others
+GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
 
 
 @dataclass

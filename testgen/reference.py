@@ -36,6 +36,7 @@ from miner.includes import IncludeResolver, exists_on_system, is_torch_header
 from miner.launches import include_graph
 from miner.linearize import Linearizer
 from miner.repo_model import Discovery
+from miner.sources import GPU_SOURCE
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
@@ -51,7 +52,6 @@ from wrappers.signature import Signature, parse_signature, specialized
 _REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _CPU_WORD = re.compile(r"cpu|CPU|Cpu")
 _STEM = re.compile(r"_?(?:cuda|cpu|gpu)", re.IGNORECASE)
-_GPU_DIR = re.compile(r"(^|/)(cuda|gpu)(/|$)|\.cuh?$")
 # a word naming another accelerator's backend (mmcv's `get_indice_pairs_forward_mlu` and
 # `..._musa`, called with the CUDA function's very arguments under `at::kMLU`): no CPU side
 _ACCELERATOR = re.compile(
@@ -103,6 +103,7 @@ class Located:
     pointer_adapter: str = ""  # the label's adapter over a pointer launcher (pointer_adapter)
     group_helper: tuple[str, str] = ("", "")  # (name, code) looping a group twin (group_twin)
     closure: Closure | None = None  # computed already (a device branch's host version)
+    twin_code: tuple[str, str] = ("", "")  # (code, target) of a kernel twin's adapter
 
 
 class RepoRefs:
@@ -129,13 +130,14 @@ class RepoRefs:
         self.linearizer = Linearizer(disc.models, resolver, cpu_env())
         self._graph = include_graph(disc.models, resolver)
         self._reach: dict[str, set[str]] = {}
+        self.kernel_items = {(fk.file, fk.kdef.name): fk.kdef.item for fk in disc.kernels}
 
     def context_linear(self, file: str):
         """The CPU-side linear view of the source that compiles `file` by `#include` (a unity
         build: SparseConvNet's CPU/*.cpp inside sparseconvnet_cpu.cpp, after the header that
         says `using Int = int32_t;`), or None when `file` is compiled alone."""
         unit = including_unit(
-            self._graph, self._reach, file, allowed=lambda f: not _GPU_DIR.search(f)
+            self._graph, self._reach, file, allowed=lambda f: not GPU_SOURCE.search(f)
         )
         return self.linearizer.linear(unit) if unit else None
 
@@ -158,7 +160,7 @@ class RepoRefs:
 
         def visit(rel: str, depth: int) -> None:
             for inc in sorted(self._graph.get(rel, ())):
-                if inc in seen or _GPU_DIR.search(inc) or depth > 8:
+                if inc in seen or GPU_SOURCE.search(inc) or depth > 8:
                     continue
                 seen.add(inc)
                 text = self.disc.models[inc].code if inc in self.disc.models else ""
@@ -177,7 +179,7 @@ class RepoRefs:
     def definition(self, name: str, host_side: bool = False) -> Item | None:
         found = self.defs.get(name, [])
         if host_side:
-            found = sorted(found, key=lambda it: bool(_GPU_DIR.search(it.file)))
+            found = sorted(found, key=lambda it: bool(GPU_SOURCE.search(it.file)))
         return found[0] if found else None
 
     def params_of(self, name: str) -> list[str] | None:
@@ -235,14 +237,10 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     e_item = refs.definition(exposed) if exposed else None
     sig = refs.index.signature(e_item) if e_item else None  # a template: at the label's args
-    kernel_item = next(  # a label over the kernel alone (wrappers.kernel_twin)
-        (
-            fk.kdef.item
-            for fk in refs.disc.kernels
-            if cand.wrapper.launcher == cand.kernel.name == fk.kdef.name
-            and fk.file == cand.kernel.file
-        ),
-        None,
+    kernel_item = (  # a label over the kernel alone (wrappers.kernel_twin)
+        refs.kernel_items.get((cand.kernel.file, cand.kernel.name))
+        if cand.wrapper.launcher == cand.kernel.name
+        else None
     )
     adapted = pointer_adapter(cand, refs, label_text, kernel_item) if sig is None else None
     if isinstance(adapted, str):
@@ -257,13 +255,14 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     if adapted and kernel_item is not None:  # 0. the kernel's own twin
         for twin in twin_names(cand.kernel.name):
             item = refs.definition(twin, host_side=True)
-            if item is None or _GPU_DIR.search(item.file) or refs.params_of(twin) != params:
+            if item is None or GPU_SOURCE.search(item.file) or refs.params_of(twin) != params:
                 continue
             if _only_raises(refs.body(item)):
                 return f"{twin} only raises: the repository has no CPU implementation"
-            if twin_reference(refs.signature(item), twin) is None:
+            code = twin_reference(refs.signature(item), qualified(item))
+            if code is None:
                 return f"{twin} takes what no tensor, number or flag gives"
-            return Located("kernel twin", item, sig, params, twin, "", adapter_text)
+            return Located("kernel twin", item, sig, params, twin, "", adapter_text, twin_code=code)
     paths = refs.upward(e_item)
     undefined: list[str] = []
     reasons: list[str] = []
@@ -344,7 +343,7 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             if found:
                 return found
     if adapted:  # 4. a twin taking one group of the launcher's list of groups
-        found = group_twin(refs, e_item, sig.params, lambda it: not _GPU_DIR.search(it.file))
+        found = group_twin(refs, e_item, sig.params, lambda it: not GPU_SOURCE.search(it.file))
         if isinstance(found, tuple) and _only_raises(refs.body(found[0])):
             found = f"{found[0].names[0]} only raises: the repository has no CPU implementation"
         if isinstance(found, tuple):
@@ -413,7 +412,7 @@ def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str 
     plain = specialized(sig) if sig.template else sig
     if plain is None:
         return f"{item.names[0]} has a CPU branch, but is a function template: no adapter"
-    closure = host_closure(refs, item, host, lambda it: not _GPU_DIR.search(it.file))
+    closure = host_closure(refs, item, host, lambda it: not GPU_SOURCE.search(it.file))
     params = [n for _, n in sig.params]
     return Located("device branch", host, plain, params, item.names[0], closure=closure)
 
@@ -436,7 +435,7 @@ def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
             for e in closure.entries
             if e.item.kind == "decl" and e.item.names and e.item.names[0] in used - have
             for d in [refs.definition(e.item.names[0], host_side=True)]
-            if d is not None and not _GPU_DIR.search(d.file)
+            if d is not None and not GPU_SOURCE.search(d.file)
         ]
         if not wanted:
             break
@@ -464,18 +463,23 @@ def cpu_includes(closure: Closure) -> list[str]:
     return lines
 
 
+def qualified(item: Item) -> str:
+    """The function's name as a call outside its namespaces spells it (anonymous ones left out)."""
+    ns = [n for n in item.namespace if n and not n.startswith("extern")]
+    return "::".join((*ns, item.names[0]))
+
+
 def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     closure = loc.closure or cpu_closure(refs, loc.cpu)
     _, body = render_host_code(closure, refs.disc.models)
-    ns = [n for n in loc.cpu.namespace if n and not n.startswith("extern")]  # not anonymous
-    cpu = "::".join((*ns, loc.cpu.names[0]))
+    cpu = qualified(loc.cpu)
     called = f"{cpu}<{loc.template_args}>" if loc.template_args else cpu  # T not from `double eps`
     overloads = sum(
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
     if loc.mechanism == "kernel twin":
-        code, target = twin_reference(refs.signature(loc.cpu), cpu)  # locate checked it
+        code, target = loc.twin_code
     elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper
         code, target = pointer_reference(

@@ -23,9 +23,10 @@ import re
 from miner.candidate import Kernel
 from miner.filemodel import Item
 from miner.repo_model import FoundKernel
+from miner.sources import GPU_SOURCE
 from miner.textprep import bracket_end, split_top
 from wrappers.adapter import adapt
-from wrappers.mined import GPU_SOURCE, LauncherIndex, launcher_candidates
+from wrappers.mined import LauncherIndex, launcher_candidates
 from wrappers.opmap import TWINS
 from wrappers.signature import Signature
 

@@ -19,6 +19,7 @@ from miner.device_tests import one_side, swapped
 from miner.extract import Extractor
 from miner.filemodel import Item
 from miner.repo_model import Discovery, FoundKernel
+from miner.sources import GPU_SOURCE
 from miner.specializations import fill_defaults, link_specializations
 from miner.unit import render_host_code
 from wrappers.adapter import adapt, aliases
@@ -244,7 +245,6 @@ def _nearest_first(items: list[Item], file: str) -> list[Item]:
     return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
 
 
-GPU_SOURCE = re.compile(r"\.cuh?$|(^|/)(cuda|gpu)/")
 
 
 def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: int = 3) -> None:

@@ -88,8 +88,7 @@ def _fenced(t: torch.Tensor, poison) -> torch.Tensor:
     return inner
 
 
-def _run_one(fn, args: list) -> str:
-    poison = _poisoner()
+def _run_one(fn, args: list, poison) -> str:
     args = [_fenced(a, poison) if isinstance(a, torch.Tensor) else a for a in args]
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     size = os.fstat(2).st_size
@@ -101,14 +100,14 @@ def _run_one(fn, args: list) -> str:
     return "asan" if _reported(size) else verdict
 
 
-def _in_child(fn, args: list) -> str:
+def _in_child(fn, args: list, poison) -> str:
     """The draft's verdict, run in a forked child (killed after DRAFT_SECONDS)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: run, answer, leave without running any cleanup
         os.close(read_end)
         try:
-            answer = _run_one(fn, args)
+            answer = _run_one(fn, args, poison)
         except BaseException as exc:  # a child must always answer
             answer = f"raised: {type(exc).__name__}"
         os.write(write_end, answer.encode()[:4000])
@@ -141,12 +140,13 @@ def main() -> int:
     reports = open("asan.txt", "ab")  # noqa: SIM115 (held for the whole run, as stderr)
     os.dup2(reports.fileno(), 2)
     fn = _load(module_path, name).reference
+    poison = _poisoner()
     held: dict = {}  # group -> its drafts that ran ok
     with open(out_path, "a", encoding="utf-8") as out:
         for k, (group, args) in enumerate(drafts):
             if held.get(group, 0) >= int(keep):
                 continue
-            verdict = _in_child(fn, args)
+            verdict = _in_child(fn, args, poison)
             out.write(json.dumps({"draft": k, "verdict": verdict}) + "\n")
             out.flush()
             if verdict == "ok":
