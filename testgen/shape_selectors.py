@@ -12,6 +12,14 @@ by kminer's own small evaluator (never by Python's `eval`: it is the repository'
 the size and the constants the code defines. A guard that reads anything else says nothing
 here, and the host code keeps the last word: a size that reaches nothing new is one more case.
 
+Some host code picks the kernel as a function pointer instead (StyleGAN's upfirdn2d and
+filtered_lrelu, vendored in many repositories): `spec = {(void *)upfirdn2d_kernel_large<T>, ...}`
+first, then a smaller kernel's spec `if (s != 1 && fx <= 24 && fy <= 24)`, and so on, reading
+sizes a struct carries (`p.filterSize = make_int2((int)f.size(1), (int)f.size(0))`, then
+`fx = p.filterSize.x`). Each place the kernel is named as a value is a site, and the variable it
+is assigned to keeps its last value: a later assignment to it overrides the site unless one of
+its own guards is false for sure (a guard on anything else, `s != 1` on a stride, may hold).
+
 The call is made by resizing that dimension of a recorded call's tensor, and every other tensor
 dimension of the same size with it (an output, a gradient of the same shape); a last dimension
 of k times that size (`num_heads * channels`) takes k times the new size. Entries are repeated
@@ -29,7 +37,7 @@ import re
 
 import tree_sitter as ts
 
-from miner.textprep import blank_comments_and_strings
+from miner.textprep import blank_comments_and_strings, split_top
 from miner.treewalk import LANGUAGE
 from testgen.selectors import _definitions, _leads, _text
 
@@ -45,11 +53,21 @@ _CONSTANT = re.compile(
     r"|\b(?:static\s+)?(?:constexpr|const)\s+(?:int|unsigned|long|size_t|int64_t)\s+(\w+)\s*=\s*(\d+)\s*;",
     re.MULTILINE,
 )
+# a struct field set from sizes: `p.filterSize = make_int2((int)f.size(1), (int)f.size(0));`
+_FIELD_SET = re.compile(
+    r"\b\w+\s*(?:\.|->)\s*(\w+)\s*=\s*(?:make_(?:u?int|u?long|longlong)[234]|dim3)\s*\(([^;()]*)\)\s*;"
+)
+_ALIAS = re.compile(r"\b(\w+)\s*=\s*(kminer_size_\w+)\s*[,;]")
+_AXES = ("x", "y", "z", "w")
 _CAST = re.compile(r"\(\s*(?:unsigned\s+)?(?:int|long|size_t|int64_t|int32_t|unsigned)\s*\)")
 
 
 class _Unknown(Exception):
     """The guard reads something that is neither a size nor a constant."""
+
+
+class _Invalid(_Unknown):
+    """The guard cannot be computed at these sizes (a division by zero): they reach nothing."""
 
 
 _BINARY = {
@@ -85,9 +103,9 @@ def _value(node: ast.AST, env: dict[str, int]) -> int:
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _value(node.left, env), _value(node.right, env)
         if isinstance(node.op, (ast.Div, ast.Mod)) and right == 0:
-            raise _Unknown("division by zero")
+            raise _Invalid("division by zero")
         if isinstance(node.op, (ast.LShift, ast.RShift)) and not 0 <= right < 64:
-            raise _Unknown("a shift past 64 bits")
+            raise _Invalid("a shift past 64 bits")
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         inner = _value(node.operand, env)
@@ -125,8 +143,9 @@ def _python(cond: str) -> ast.AST | None:
 
 
 def _sizes(code: str, names: list[str]) -> tuple[str, dict[str, tuple[int, int]]]:
-    """The code with each `x.size(k)` of a parameter written as a name of its own, and
-    {name: (argument index, dim)} of those names and of the variables assigned one."""
+    """The code with each `x.size(k)` of a parameter written as a name of its own (and each
+    field of a struct set from such sizes, `p.filterSize.x`), and {name: (argument index, dim)}
+    of those names and of the variables assigned one."""
     found: dict[str, tuple[int, int] | None] = {}
     for m in _SIZE_VAR.finditer(code):
         if m.group(2) in names:
@@ -142,6 +161,19 @@ def _sizes(code: str, names: list[str]) -> tuple[str, dict[str, tuple[int, int]]
         return name
 
     code = _SIZE_USE.sub(use, code)
+    fields: dict[str, str | None] = {}
+    for m in _FIELD_SET.finditer(_CAST.sub(" ", code)):
+        for axis, arg in zip(_AXES, split_top(m.group(2)), strict=False):
+            key, arg = f"{m.group(1)}.{axis}", arg.strip()
+            size = arg if arg in found else None
+            fields[key] = size if fields.get(key, size) == size else None  # set once, or no size
+    for key, size in fields.items():
+        if size is not None:
+            field, axis = key.split(".")
+            code = re.sub(rf"\b\w+\s*(?:\.|->)\s*{field}\s*\.\s*{axis}\b(?!\s*=[^=])", size, code)
+    for m in _ALIAS.finditer(code):
+        if m.group(2) in found and found.get(m.group(1), found[m.group(2)]) == found[m.group(2)]:
+            found[m.group(1)] = found[m.group(2)]
     return code, {k: v for k, v in found.items() if v is not None}
 
 
@@ -212,33 +244,90 @@ def shape_selectors(
     sites = re.compile(
         rf"\b{re.escape(name)}\b[^;{{}}]*?<<<"
         rf"|\b(?:{others})\b\s*(?:<[^;{{}}]*?>)?\s*(?:::\s*\w+\s*)?\("
+        rf"|(?:\(\s*void\s*\*\s*\)|&|=)\s*{re.escape(name)}\b(?:\s*<[^;{{}}()]*?>)?(?!\s*(?:<<<|\())"
     )
     out: list[tuple[int, int, int]] = []
     for site in sites.finditer(code):
         parsed = [(_python(c), holds) for c, holds in _guards(root, code, site.start())]
+        overrides = _overrides(root, code, site.start(), parsed)
         used = sorted({
-            n.id for g, _ in parsed if g is not None for n in ast.walk(g)
-            if isinstance(n, ast.Name) and n.id in sizes
+            n.id for g, _ in parsed + [o for over in overrides for o in over]
+            if g is not None for n in ast.walk(g) if isinstance(n, ast.Name) and n.id in sizes
         })  # fmt: skip
         if not used or len(used) > 2:
             continue
-        guards = [(g, h) for g, h in parsed if g is not None and _decides(g, used, constants)]
+        guards = [(g, h) for g, h in parsed if g is not None and _reads(g, used)]
         recorded = [_recorded(sizes[v], base_args) for v in used]
-        best = _size_reaching(guards, used, constants, recorded)
+        best = _size_reaching(guards, used, constants, recorded, overrides)
         if best is not None:
             out += [(*sizes[v], size) for v, size in zip(used, best, strict=True)]
     return list(dict.fromkeys(out))
 
 
-def _reaches(guards: list[tuple[ast.AST, bool]], env: dict[str, int]) -> bool:
+def _overrides(root: ts.Node, code: str, at: int, guards: list) -> list[list]:
+    """The guards of each later assignment to the variable a site's value is assigned to
+    (`spec = {kernel, ...}` then `if (...) spec = {other, ...}`), less those the site shares."""
+    node = root.descendant_for_byte_range(at, at)
+    while node is not None and node.type not in (
+        "assignment_expression", "init_declarator", "function_definition"
+    ):  # fmt: skip
+        node = node.parent
+    if node is None or node.type == "function_definition":
+        return []
+    side = "left" if node.type == "assignment_expression" else "declarator"
+    var = _text(code, node.child_by_field_name(side)).strip()
+    body = node
+    while body is not None and body.type != "function_definition":
+        body = body.parent
+    if not re.fullmatch(r"\w+", var) or body is None:
+        return []
+    shared = {(ast.dump(g), h) for g, h in guards if g is not None}
+    out = []
+    for m in re.finditer(rf"\b{var}\s*=(?!=)", code[node.end_byte : body.end_byte]):
+        where = node.end_byte + m.start()
+        mine = [(_python(c), h) for c, h in _guards(root, code, where)]
+        out.append([(g, h) for g, h in mine if g is None or (ast.dump(g), h) not in shared])
+    return out
+
+
+def _maybe(node: ast.AST | None, env: dict[str, int]) -> bool | None:
+    """A guard's truth in three values: None where it reads something not known here."""
+    if node is None:
+        return None
+    if isinstance(node, ast.BoolOp):
+        parts = [_maybe(v, env) for v in node.values]
+        decisive = isinstance(node.op, ast.Or)  # True decides an `or`, False an `and`
+        if decisive in parts:
+            return decisive
+        return None if None in parts else not decisive
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _maybe(node.operand, env)
+        return None if inner is None else not inner
     try:
-        return all(bool(_value(g, env)) == holds for g, holds in guards)
-    except (_Unknown, RecursionError):  # (a division by zero at this size)
+        return bool(_value(node, env))
+    except (_Invalid, RecursionError):
         return False
+    except _Unknown:
+        return None
+
+
+def _overridden(overrides: list[list], env: dict[str, int]) -> bool:
+    """Whether a later assignment may take the variable over: none of its guards is false."""
+    return any(_reaches(over, env) for over in overrides)
+
+
+def _reaches(guards: list[tuple[ast.AST, bool]], env: dict[str, int]) -> bool:
+    """Whether no guard is false for sure at these sizes (one on a stride or a flag may hold,
+    where the sizes alone decide it the value counts; a division by zero is false)."""
+    return all(_maybe(g, env) is not (not holds) for g, holds in guards)
 
 
 def _size_reaching(
-    guards: list[tuple[ast.AST, bool]], used: list[str], constants: dict, recorded: list[list]
+    guards: list[tuple[ast.AST, bool]],
+    used: list[str],
+    constants: dict,
+    recorded: list[list],
+    overrides: list[list] = (),
 ) -> tuple[int, ...] | None:
     """The sizes (one per name in `used`) that meet every guard, nearest the largest recorded
     ones in ratio; None when no guard can be read, no size meets them, or a recorded call
@@ -247,23 +336,25 @@ def _size_reaching(
     def env(values) -> dict[str, int]:
         return {**constants, **dict(zip(used, values, strict=True))}
 
+    def reaches(values) -> bool:
+        return _reaches(guards, env(values)) and not _overridden(overrides, env(values))
+
     calls = [c for c in zip(*recorded, strict=True) if None not in c]
-    if not guards or any(_reaches(guards, env(c)) for c in calls):
+    if not (guards or overrides) or any(reaches(c) for c in calls):
         return None
-    tries = [_candidates(guards, constants, [s for s in r if s]) for r in recorded]
+    readable = guards + [(g, h) for over in overrides for g, h in over if g is not None]
+    tries = [_candidates(readable, constants, [s for s in r if s]) for r in recorded]
     typical = [max((s for s in r if s), default=1) for r in recorded]
-    hits = [vs for vs in itertools.product(*tries) if _reaches(guards, env(vs))]
-    if not hits:
-        return None
-    return min(
-        hits, key=lambda vs: sum(abs(math.log(v / t)) for v, t in zip(vs, typical, strict=True))
-    )
+
+    def distance(vs) -> float:
+        return sum(abs(math.log(v / t)) for v, t in zip(vs, typical, strict=True))
+
+    return next((vs for vs in sorted(itertools.product(*tries), key=distance) if reaches(vs)), None)
 
 
-def _decides(guard: ast.AST, used: list[str], constants: dict[str, int]) -> bool:
-    """Whether a guard reads only the sizes and constants (so it can be evaluated)."""
-    names = {n.id for n in ast.walk(guard) if isinstance(n, ast.Name)}
-    return bool(names & set(used)) and names <= set(used) | set(constants)
+def _reads(guard: ast.AST, used: list[str]) -> bool:
+    """Whether a guard reads one of the sizes (the others say nothing about them)."""
+    return any(isinstance(n, ast.Name) and n.id in used for n in ast.walk(guard))
 
 
 def _recorded(where: tuple[int, int], base_args: list[list]) -> list[int | None]:

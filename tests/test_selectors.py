@@ -170,7 +170,7 @@ def test_sized_cases_are_made_calls_that_select():
 
 def test_guards_are_evaluated_as_c_integers_and_nothing_else_runs():
     """kminer's evaluator, not Python's eval: the guard is the repository's text."""
-    from testgen.shape_selectors import _python, _reaches
+    from testgen.shape_selectors import _maybe, _python, _reaches
 
     def holds(cond: str, **env) -> bool:
         return _reaches([(_python(cond), True)], env)
@@ -180,8 +180,13 @@ def test_guards_are_evaluated_as_c_integers_and_nothing_else_runs():
     assert holds("c / 2 == -3", c=-7)  # C's division truncates toward zero
     assert holds("!(c % 4) && c != 0u", c=8)
     assert not holds("c << 100000000", c=1)  # refused, not computed
-    assert not holds("__import__('os').system('true')", c=1)  # a call is no guard
-    assert not holds("(lambda: 1)()", c=1)
+    assert not holds("c / (c - 1) > 0", c=1)  # a division by zero reaches nothing
+    # a call is no guard: not run, only unknown (it may hold, as a guard on a stride may)
+    assert _maybe(_python("__import__('os').system('true')"), {"c": 1}) is None
+    assert _maybe(_python("(lambda: 1)()"), {"c": 1}) is None
+    assert _maybe(_python("s != 1 && c <= 24"), {"c": 25}) is False  # false whatever s is
+    assert _maybe(_python("s != 1 || c <= 24"), {"c": 24}) is True
+    assert _maybe(_python("s != 1 && c <= 24"), {"c": 24}) is None
 
 
 UNGUARDED_HOST = """
@@ -210,3 +215,58 @@ def test_a_kernel_launched_under_no_guard_gets_no_size_from_other_calls_guards()
         "x.mul_(2);", "plain_kernel<<<1, 32>>>(x.data_ptr<float>(), n);"
     )
     assert shape_selectors(guarded, "plain_kernel", ["x"], recorded) == [(0, 0, 513)]
+
+
+SPEC_HOST = """
+struct resample_params { int2 up; int2 filterSize; int3 inStride; };
+struct resample_spec { void* kernel; int tileW; };
+
+template <class T> __global__ void resample_generic(resample_params p) {}
+template <class T, int F> __global__ void resample_tiled(resample_params p) {}
+
+template <class T>
+resample_spec choose_resample_kernel(const resample_params& params) {
+  int s = params.inStride.z, fx = params.filterSize.x, fy = params.filterSize.y;
+  resample_spec spec = {(void*)resample_generic<T>, -1};
+  if (params.up.x == 1) {
+    if (s != 1 && fx <= 24 && fy <= 24) spec = {(void*)resample_tiled<T, 24>, 64};
+    if (s != 1 && fx <= 8 && fy <= 8) spec = {(void*)resample_tiled<T, 8>, 64};
+  }
+  if (params.up.x == 4 && fx <= 32 && fy <= 32) spec = {(void*)resample_tiled<T, 32>, 32};
+  return spec;
+}
+
+torch::Tensor resample(torch::Tensor x, torch::Tensor f, int up) {
+  resample_params p;
+  p.up = make_int2(up, up);
+  p.filterSize = make_int2((int)f.size(1), (int)f.size(0));
+  p.inStride = make_int3((int)x.stride(3), (int)x.stride(2), (int)x.stride(1));
+  resample_spec spec = choose_resample_kernel<float>(p);
+  void* args[] = {&p};
+  cudaLaunchKernel(spec.kernel, 1, 32, args, 0, 0);
+  return x;
+}
+"""
+
+
+def test_a_kernel_chosen_as_a_function_pointer_by_a_structs_sizes():
+    """StyleGAN's upfirdn2d (vendored widely): the generic kernel is the spec's first value and
+    stays chosen only where no later assignment's guards may hold; the filter's sizes reach the
+    guards through a struct's fields. A guard on a stride or an argument may hold, so only a
+    filter past every limit (33: `up` might be 4) reaches the generic kernel for sure."""
+    import torch
+
+    recorded = [
+        [torch.rand(2, 3, 4, 4), torch.rand(4, 4), 1],
+        [torch.rand(2, 3, 8, 8), torch.rand(3, 3), 2],
+    ]
+    names = ["x", "f", "up"]
+    got = shape_selectors(SPEC_HOST, "resample_generic", names, recorded)
+    assert (1, 0, 33) in got or (1, 1, 33) in got
+    assert all(size in (33, 4) for _, _, size in got)
+    # each tile spec may be taken by a recorded call as far as sizes tell (`up` is an
+    # argument, not a size): no size is forced on them
+    assert shape_selectors(SPEC_HOST, "resample_tiled", names, recorded) == []
+    # without the later assignments the generic kernel is what every recorded call runs
+    alone = SPEC_HOST.replace("spec = {(void*)resample_tiled", "other = {(void*)resample_tiled")
+    assert shape_selectors(alone, "resample_generic", names, recorded) == []
