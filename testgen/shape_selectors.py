@@ -259,8 +259,12 @@ def shape_selectors(
         guards = [(g, h) for g, h in parsed if g is not None and _reads(g, used)]
         recorded = [_recorded(sizes[v], base_args) for v in used]
         best = _size_reaching(guards, used, constants, recorded, overrides)
-        if best is not None:
-            out += [(*sizes[v], size) for v, size in zip(used, best, strict=True)]
+        if best is not None:  # a size some recorded call has already makes no new call
+            out += [
+                (*sizes[v], size)
+                for v, size, had in zip(used, best, recorded, strict=True)
+                if size not in had
+            ]
     return list(dict.fromkeys(out))
 
 
