@@ -19,6 +19,7 @@ from testgen.carry import bind_call, carry_down
 from testgen.index_rows import index_subsets
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable
+from testgen.rank_variants import MAX_RANK_BASES, rank_variants
 from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
 from testgen.shape_selectors import resized
@@ -402,6 +403,7 @@ def plan(
     selectors: list[tuple[int, int]] = (),
     sized: list[tuple[int, int, int]] = (),
     whole: bool = False,
+    ranks: dict[int, set[int]] | None = None,
 ) -> CasePlan:
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
@@ -479,6 +481,12 @@ def plan(
             out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
             shapes.add(shape_key(args))
             add(f"select{i}_dim{dim}_{size}_of_{k}", len(out.base) - 1)
+    recorded = range(min(len(base), MAX_RANK_BASES)) if ranks and not whole else ()
+    for k in recorded:  # each recorded call: its modes may reach another specialization
+        for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
+            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
+            shapes.add(shape_key(args))
+            add(f"rank{n}_of_{k}", len(out.base) - 1)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

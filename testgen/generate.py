@@ -41,6 +41,7 @@ from testgen.made_inputs import (
 )
 from testgen.probe_inputs import PROBE_ORIGIN, probed_calls
 from testgen.python_reference import find_python_reference
+from testgen.rank_variants import rank_choices
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
 from testgen.selectors import kernel_selectors
@@ -311,6 +312,7 @@ def generate_for(
         selectors,
         sized,
         whole=source == "probe",
+        ranks=rank_choices(label_text, params or []),
     )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))
