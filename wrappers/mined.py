@@ -245,8 +245,6 @@ def _nearest_first(items: list[Item], file: str) -> list[Item]:
     return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
 
 
-
-
 def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: int = 3) -> None:
     """Host functions the closure calls but only declares (`void im2col_cuda(...);` from a
     header), defined in another CUDA source of the repository: their closures are linked in
