@@ -69,6 +69,7 @@ def _declined():
     text = (ROOT / "prompts" / "test_code.py.j2").read_text()
     start = text.index("\ndef _declined(")
     scope: dict = {}
+    exec("import torch\n", scope)
     exec(text[start : text.index("\ndef ", start + 1)], scope)
     return scope["_declined"]
 
@@ -84,3 +85,5 @@ def test_a_label_returning_no_tensor_declines_the_input():
     assert declined((torch.zeros(2), torch.zeros(1), 0)) == ""
     assert declined(None) == ""  # a void function returns None: it wrote its arguments
     assert declined(torch.zeros(2)) == ""
+    assert declined((torch.zeros(2), None)) == ""  # an optional output left undefined
+    assert declined((None, None)) == ""  # no status says it declined
