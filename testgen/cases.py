@@ -463,13 +463,18 @@ def plan(
         value = re.sub(r"\W", "_", args[i])[:20]
         dtype = _full(args, dtypes)
         add(f"mode{i}_{value}_of_{k}", len(out.base) - 1, dtype, flag=i, was=was)
+
+    def selecting(cid, k, args, how):  # a call base call k became to reach this kernel
+        out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
+        shapes.add(shape_key(args))
+        add(cid, len(out.base) - 1)
+
     for i, value in selectors:  # the value that makes the host code launch this kernel
         for k in _distinct_shapes(base)[:MAX_SELECTED_CALLS]:
             args = [*base[k].args]
             args[i] = value
             how = f"argument {i} set to {value}, which launches the kernel"
-            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
-            add(f"select{i}_{value}_of_{k}", len(out.base) - 1)
+            selecting(f"select{i}_{value}_of_{k}", k, args, how)
     for i, dim, size in sized:  # the size of a dimension that makes it launch this kernel
         calls = [
             (k, resized(base[k].args, i, dim, size, MAX_ELEMENTS)) for k in _distinct_shapes(base)
@@ -478,15 +483,11 @@ def plan(
         if calls:
             k, args = max(calls, key=lambda c: int(base[c[0]].args[i].shape[dim]))
             how = f"dimension {dim} of argument {i} set to {size}, which launches the kernel"
-            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
-            shapes.add(shape_key(args))
-            add(f"select{i}_dim{dim}_{size}_of_{k}", len(out.base) - 1)
+            selecting(f"select{i}_dim{dim}_{size}_of_{k}", k, args, how)
     recorded = range(min(len(base), MAX_RANK_BASES)) if ranks and not whole else ()
     for k in recorded:  # each recorded call: its modes may reach another specialization
         for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
-            out.base.append(BaseCall(args, base[k].origin, rows_of=k, derived=how, selects=True))
-            shapes.add(shape_key(args))
-            add(f"rank{n}_of_{k}", len(out.base) - 1)
+            selecting(f"rank{n}_of_{k}", k, args, how)
     d = _first_float(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):

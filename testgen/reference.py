@@ -179,7 +179,7 @@ class RepoRefs:
     def definition(self, name: str, host_side: bool = False) -> Item | None:
         found = self.defs.get(name, [])
         if host_side:
-            found = sorted(found, key=lambda it: bool(GPU_SOURCE.search(it.file)))
+            found = sorted(found, key=lambda it: not _host_side(it))
         return found[0] if found else None
 
     def params_of(self, name: str) -> list[str] | None:
@@ -255,7 +255,7 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     if adapted and kernel_item is not None:  # 0. the kernel's own twin
         for twin in twin_names(cand.kernel.name):
             item = refs.definition(twin, host_side=True)
-            if item is None or GPU_SOURCE.search(item.file) or refs.params_of(twin) != params:
+            if item is None or not _host_side(item) or refs.params_of(twin) != params:
                 continue
             if _only_raises(refs.body(item)):
                 return f"{twin} only raises: the repository has no CPU implementation"
@@ -343,7 +343,7 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             if found:
                 return found
     if adapted:  # 4. a twin taking one group of the launcher's list of groups
-        found = group_twin(refs, e_item, sig.params, lambda it: not GPU_SOURCE.search(it.file))
+        found = group_twin(refs, e_item, sig.params, _host_side)
         if isinstance(found, tuple) and _only_raises(refs.body(found[0])):
             found = f"{found[0].names[0]} only raises: the repository has no CPU implementation"
         if isinstance(found, tuple):
@@ -412,7 +412,7 @@ def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str 
     plain = specialized(sig) if sig.template else sig
     if plain is None:
         return f"{item.names[0]} has a CPU branch, but is a function template: no adapter"
-    closure = host_closure(refs, item, host, lambda it: not GPU_SOURCE.search(it.file))
+    closure = host_closure(refs, item, host, _host_side)
     params = [n for _, n in sig.params]
     return Located("device branch", host, plain, params, item.names[0], closure=closure)
 
@@ -435,7 +435,7 @@ def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
             for e in closure.entries
             if e.item.kind == "decl" and e.item.names and e.item.names[0] in used - have
             for d in [refs.definition(e.item.names[0], host_side=True)]
-            if d is not None and not GPU_SOURCE.search(d.file)
+            if d is not None and _host_side(d)
         ]
         if not wanted:
             break
@@ -461,6 +461,11 @@ def cpu_includes(closure: Closure) -> list[str]:
             else inc
         )
     return lines
+
+
+def _host_side(item: Item) -> bool:
+    """Whether a definition is in a file a CPU build compiles too (no .cu, no cuda/ folder)."""
+    return not GPU_SOURCE.search(item.file)
 
 
 def qualified(item: Item) -> str:

@@ -31,6 +31,7 @@ passed on its own as well) is not resized.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import re
@@ -129,6 +130,7 @@ def _value(node: ast.AST, env: dict[str, int]) -> int:
     raise _Unknown(type(node).__name__)
 
 
+@functools.lru_cache(maxsize=4096)  # a spec's guards are read again for every earlier site
 def _python(cond: str) -> ast.AST | None:
     """A C guard as a Python expression tree (None when it is not one)."""
     text = _CAST.sub(" ", cond.strip())
