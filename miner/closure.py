@@ -62,6 +62,21 @@ def _eligible(item: Item, kernel: Item) -> bool:
     return item.kind not in ("other",)
 
 
+def _entries_named(linear: Linear, index: dict[str, list[int]], name: str) -> list[int]:
+    """The entries defining `name`; for `PREFIX*` / `*SUFFIX` (a name a macro pastes together,
+    miner.treewalk.pasted_refs), the macros defining any name of that prefix or suffix."""
+    if not name.startswith("*") and not name.endswith("*"):
+        return index.get(name, [])
+    part = name.strip("*")
+    return [
+        i
+        for key, hits in index.items()
+        if (key.startswith(part) if name.endswith("*") else key.endswith(part))
+        for i in hits
+        if linear.entries[i].item.kind == "macro"
+    ]
+
+
 def _select(
     linear: Linear,
     seeds: set[str],
@@ -78,7 +93,7 @@ def _select(
         if name in seen:
             continue
         seen.add(name)
-        for i in index.get(name, ()):
+        for i in _entries_named(linear, index, name):
             if i in chosen or (limit is not None and i >= limit):
                 continue
             entry = linear.entries[i]

@@ -15,7 +15,7 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
-from miner.toolchain import cuda_library_dirs, header_library_dirs
+from miner.toolchain import cuda_library_dirs, header_library_dirs, math_shim_dirs
 
 TORCH_PREFIXES = ("ATen/", "c10/", "torch/", "THC/", "caffe2/", "pybind11/")
 TORCH_HEADERS = {"Python.h"}
@@ -59,7 +59,7 @@ def system_include_dirs() -> tuple[Path, ...]:
                 dirs.append(Path(line.strip()))
     except (OSError, subprocess.SubprocessError):
         pass
-    dirs += [Path(d) for d in (*header_library_dirs(), *cuda_library_dirs())]
+    dirs += [Path(d) for d in (*header_library_dirs(), *cuda_library_dirs(), *math_shim_dirs())]
     return tuple(d for d in dirs if d.is_dir())
 
 

@@ -229,6 +229,14 @@ def cuda_library_dirs() -> tuple[str, ...]:
     return (str(folder),)
 
 
+@functools.cache
+def math_shim_dirs() -> tuple[str, ...]:
+    """kminer's declarations of cuBLAS, cuSPARSE and cuSOLVER where this machine's toolkit is a
+    compile-only install without them: a unit that includes cublas_v2.h compiles here as it
+    does on the GPU box, and its check says what is wrong with its own code, not a header."""
+    return () if _has_cuda_math_headers() else (str(HERE / "stubs/cuda_libs_shim"),)
+
+
 def _has_cuda_math_headers() -> bool:
     nvcc = nvcc_path()
     if nvcc is None:
@@ -259,7 +267,7 @@ def unit_flags(needs_torch: bool) -> list[str]:
     """nvcc flags of a unit's compile check (`-c`): bare and fast, or with the torch headers
     and the defines cpp_extension sets for them."""
     flags = [f"-std={cxx_standard()}", *arch_flags(), "-w"]
-    flags += [f"-I{d}" for d in (*header_library_dirs(), *cuda_library_dirs())]
+    flags += [f"-I{d}" for d in (*header_library_dirs(), *cuda_library_dirs(), *math_shim_dirs())]
     if needs_torch:
         flags += [f"-I{d}" for d in torch_include_dirs()] + list(NVCC_DEFINES)
     return flags
@@ -270,9 +278,7 @@ def extension_flags() -> tuple[str, ...]:
     """What `cpp_extension.load` passes nvcc for an extension's .cu (include dirs, defines, ABI,
     arch, C++ standard, -fPIC), quiet, plus the CUDA math library headers on a compile-only
     machine that lacks them."""
-    incs = list(torch_include_dirs())
-    if not _has_cuda_math_headers():
-        incs.append(str(HERE / "stubs/cuda_libs_shim"))
+    incs = [*torch_include_dirs(), *math_shim_dirs()]
     incs.append(sysconfig.get_paths()["include"])
     incs += [*header_library_dirs(), *cuda_library_dirs()]
     return (

@@ -35,6 +35,8 @@ _VARIABLE = re.compile(
 
 
 _DEFINE_HEAD = re.compile(r"[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(\([^)\n]*\))?")
+MIN_PASTED = 6  # characters of a pasted fragment that name a family of macros
+_PASTE = re.compile(r"(\w+)\s*##\s*(?=(\w+))")  # `PREFIX_##x`, `x##_SUFFIX`: pasted names
 
 
 def _define_end(code: str, start: int) -> int:
@@ -285,8 +287,9 @@ class _Walker:
                 params = [p.strip() for p in head.group(2).strip("()").split(",") if p.strip()]
             body = self.m.text[head.end() : end]
         item = self.make_item("macro", [name], start, end, ())
-        # the macro's own name and parameters are not references
-        item.refs = item.refs - {name} - set(params or ())
+        # the macro's own name and parameters are not references; a name it pastes together
+        # is a reference to whatever the repository defines by that prefix or suffix
+        item.refs = item.refs - {name} - set(params or ()) | pasted_refs(body, params or ())
         return Define(name, params, body, item)
 
     def conditional(self, node: ts.Node, ns) -> Cond:
@@ -580,3 +583,17 @@ class _Walker:
                     {"kind": kind, "name": name, "type": ptype, "default": default, "text": text}
                 )
         return out
+
+
+def pasted_refs(body: str, params) -> frozenset[str]:
+    """`PREFIX*` and `*SUFFIX` for the names a macro body makes by token pasting: robin_hood's
+    `#define ROBIN_HOOD(x) ROBIN_HOOD_PRIVATE_DEFINITION_##x()` names every
+    `ROBIN_HOOD_PRIVATE_DEFINITION_CXX14` it may expand to, and the closure takes each
+    macro with that prefix (miner.closure). Short fragments (`_t`) would take too much."""
+    out = set()
+    for left, right in _PASTE.findall(body):
+        if left not in params and len(left) >= MIN_PASTED:
+            out.add(left + "*")
+        if right not in params and left in params and len(right) >= MIN_PASTED:
+            out.add("*" + right)
+    return frozenset(out)

@@ -6,6 +6,8 @@ import re
 
 from conftest import kernel
 
+from miner.treewalk import pasted_refs
+
 
 def unit_for(traps, traps_extractor, name, spec=None):
     k = kernel(traps, name, spec)
@@ -344,3 +346,32 @@ def test_a_cuda_files_own_build_switch_is_on(tmp_path):
     host = extractor.linearizer.linear("nms.cpp")
     assert [extractor.linearizer.models["nms.cpp"].text[e.item.start : e.item.end].split("{")[1]
             for e in host.entries] == [" return 0; }"]  # fmt: skip
+
+
+def test_a_macro_that_pastes_a_name_brings_the_macros_it_may_paste(tmp_path):
+    """robin_hood.h (vendored by MinkowskiEngine and many more) asks `#if ROBIN_HOOD(CXX) >=
+    ROBIN_HOOD(CXX14)` through `ROBIN_HOOD_PRIVATE_DEFINITION_##x()`: no word of the file names
+    `ROBIN_HOOD_PRIVATE_DEFINITION_CXX14`, yet the unit needs it, or the preprocessor stops at
+    `missing binary operator before token "("`."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "hood.h").write_text(
+        "#pragma once\n#define ROBIN_HOOD(x) ROBIN_HOOD_PRIVATE_DEFINITION_##x()\n"
+        "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX() __cplusplus\n"
+        "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX14() 201402L\n"
+        "#define UNRELATED_DEFINITION_CXX() 1\n"
+        "#if ROBIN_HOOD(CXX) >= ROBIN_HOOD(CXX14)\n#define HOOD_SCALE 2\n#else\n"
+        "#define HOOD_SCALE 3\n#endif\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "hood.h"\n__global__ void k(float* x) { x[0] *= HOOD_SCALE; }\n'
+        "void run(float* x) { k<<<1, 1>>>(x); }\n"
+    )
+    disc = discover(tmp_path)
+    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    assert "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX14() 201402L" in text
+    assert "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX() __cplusplus" in text
+    assert "UNRELATED_DEFINITION_CXX" not in text  # only the pasted prefix's family
+    assert pasted_refs("a##b", ["a", "b"]) == frozenset()  # two parameters: nothing to follow
+    assert pasted_refs("x##_forward_impl", ["x"]) == {"*_forward_impl"}
