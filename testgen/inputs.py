@@ -38,6 +38,11 @@ class RecordedCall:
     # arguments the call changed, by position, as they were after it ran on the CPU build
     after: dict = field(default_factory=dict)
     returned: list = field(default_factory=list)  # [shape, dtype name] per tensor it returned
+    # the objects of the repository's bound classes it took (testgen.standalone.record_objects),
+    # by position or keyword: {"kminer_object": class, "made_by": step, "path": [...]}; in
+    # `args` each stands as "<object CLASS>", as an unrecordable value always did
+    objects: dict = field(default_factory=dict)
+    setup: list = field(default_factory=list)  # the steps that remake them: (name, args, kwargs)
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""
@@ -168,8 +173,13 @@ def record_file(
     rel = test_file.relative_to(repo).as_posix()
     try:
         raw = torch.load(out, weights_only=True)
+        steps = raw.get("steps", [])
         calls = [
-            RecordedCall(n, list(a), dict(k), rel, dict(rest[0]) if rest else {}, _listed(rest[1:]))
+            _with_objects(
+                RecordedCall(n, list(a), dict(k), rel, dict(rest[0]) if rest else {}),
+                _listed(rest[1:2]),
+                [steps[i] for i in rest[2]] if len(rest) > 2 else [],
+            )
             for n, a, k, *rest in raw["calls"]
         ]
         refs = [
@@ -180,6 +190,24 @@ def record_file(
     except Exception as exc:  # the file's own data: its calls are lost, not the stage
         log.warning("recording %s: calls unreadable (%s: %s)", rel, type(exc).__name__, exc)
         return [], []
+
+
+def _is_object(value) -> bool:
+    return isinstance(value, dict) and "kminer_object" in value
+
+
+def _with_objects(call: RecordedCall, returned: list, setup: list) -> RecordedCall:
+    """`call` with what it returned, its objects' markers moved out of its arguments, and the
+    steps that remake them."""
+    call.returned = returned
+    for key, value in [*enumerate(call.args), *call.kwargs.items()]:
+        if _is_object(value):
+            call.objects[key] = value
+            (call.args if isinstance(key, int) else call.kwargs)[key] = (
+                f"<object {value['kminer_object']}>"
+            )
+    call.setup = [(name, list(args), dict(kwargs)) for name, args, kwargs in setup]
+    return call
 
 
 def record_repo_calls(

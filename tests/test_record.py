@@ -331,3 +331,61 @@ def test_a_check_script_beside_a_package_in_a_source_folder_records(tmp_path):
     calls = record_repo_calls(repo, tmp_path / "cache", {"forward", "backward"})
     assert [c.args[0].shape for c in calls["forward"]] == [(1, 3, 4, 4)]
     assert [c.test_file for c in calls["backward"]] == ["check.py"]
+
+
+OBJECT_REPO = {
+    "objpkg/__init__.py": "",
+    "objpkg/table.py": "from . import _ext\n\n\n"
+    "class Table:\n    def __init__(self):\n        self.t = _ext.Table()\n\n"
+    "    def add(self, keys):\n        self.t.insert(keys)\n\n\n"
+    "def lookup(table, queries):\n    return _ext.lookup(table.t, queries)\n\n\n"
+    "def from_keys(keys):\n    table, n = _ext.make_table(keys)\n    return table\n",
+    "tests/test_table.py": "import torch\nfrom objpkg.table import Table, from_keys, lookup\n"
+    "from objpkg import _ext\n\n\n"
+    "def test_lookup():\n    t = Table()\n    t.add(torch.tensor([3, 5]))\n"
+    "    lookup(t, torch.tensor([5, 9]))\n    t.add(torch.tensor([9]))\n"
+    "    lookup(t, torch.tensor([5, 9]))\n"
+    "    other = Table()\n    other.add(torch.tensor([1]))\n\n\n"
+    "def test_made_by_a_function():\n    made = from_keys(torch.tensor([4]))\n"
+    "    _ext.lookup(made, torch.tensor([4, 6]))\n",
+}
+# the extension as the CPU build would run it: a module of the same name, with a class
+OBJECT_EXT = (
+    "import torch\n\n\nclass Table:\n    def __init__(self):\n        self.keys = []\n\n"
+    "    def insert(self, keys):\n        self.keys += keys.tolist()\n\n\n"
+    "def lookup(table, queries):\n"
+    "    return torch.tensor([q in table.keys for q in queries.tolist()])\n\n\n"
+    "def make_table(keys):\n    t = Table()\n    t.insert(keys)\n    return t, len(t.keys)\n"
+)
+
+
+def test_an_object_an_op_takes_is_recorded_as_the_steps_that_made_it(tmp_path):
+    """SparseConvNet's ops take a `Metadata_2` that earlier calls filled; MinkowskiEngine's a
+    coordinate manager filled by its methods. The call keeps the steps that remake the object
+    as it was then: its making, and every earlier call or method call that took it."""
+    repo = write_tree(tmp_path / "repo", OBJECT_REPO)
+    (tmp_path / "ext.py").write_text(OBJECT_EXT)
+    built = {"objpkg._ext": tmp_path / "ext.py"}
+    calls = record_repo_calls(repo, tmp_path / "cache", built=built)
+    first, second, made = calls["lookup"]
+    assert first.args[0] == "<object Table>" and first.args[1].tolist() == [5, 9]
+    assert first.objects == {0: {"kminer_object": "Table", "made_by": 0, "path": []}}
+    assert [(name, len(args)) for name, args, _ in first.setup] == [
+        ("Table", 0),
+        ("Table.insert", 2),
+    ]
+    assert first.setup[1][1][1].tolist() == [3, 5]
+    # the second lookup sees the table after one more insert; the other table is not its setup
+    assert [name for name, _, _ in second.setup] == [
+        "Table",
+        "Table.insert",
+        "lookup",
+        "Table.insert",
+    ]
+    assert second.setup[3][1][1].tolist() == [9]
+    marker = second.setup[1][1][0]
+    assert marker["kminer_object"] == "Table" and second.setup[marker["made_by"]][0] == "Table"
+    # an object a function returned inside a tuple: its step, and where in the result it is
+    assert made.objects[0]["path"] == [0]
+    assert [name for name, _, _ in made.setup] == ["make_table"]
+    assert made.setup[0][1][0].tolist() == [4]

@@ -15,7 +15,11 @@ HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "runner.py"  # a bundle's run.py
 PREBUILD = HERE / "prebuild.py"  # run.py's batched builds
 RECORDER = HERE / "recorder.py"  # a repository's test file, its extension calls recorded
-RECORDER_PARTS = (HERE / "record_log.py", HERE / "pretend_cuda.py")  # its sibling modules
+RECORDER_PARTS = (  # its sibling modules
+    HERE / "record_log.py",
+    HERE / "record_objects.py",
+    HERE / "pretend_cuda.py",
+)
 CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
 REFCHECK = HERE / "refcheck.py"  # a model's reference, checked
 REFRUN = HERE / "refrun.py"  # a reference kminer assembled, run for its outputs

@@ -13,8 +13,10 @@ import hashlib
 
 try:
     from testgen.standalone.pretend_cuda import _TAG, _elsewhere
+    from testgen.standalone.record_objects import _Objects
 except ImportError:
     from pretend_cuda import _TAG, _elsewhere
+    from record_objects import _Objects
 
 MAX_CALLS_PER_FUNCTION = 64
 MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
@@ -40,18 +42,23 @@ class _Log:
         self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
         self._paired: dict = {}  # reference calls kept with partners, per function
         self._dispatching = False  # inside a dispatcher run on both devices
+        self.objects = _Objects(_snapshot, _TOO_BIG)  # the bound classes' objects, and steps
 
-    def add(self, function: str, args: tuple, kwargs: dict) -> int | None:
-        """Keep the call; its index when it is new (see `written`), else None."""
+    def add(self, function: str, args: tuple, kwargs: dict, step: int | None = None) -> int | None:
+        """Keep the call; its index when it is new (see `written`), else None. `step`: the
+        call as a step of the objects it takes (record_objects), whose setup it keeps."""
         count = self._count.get(function, 0)
         shapes = (function, _shapes(args), _shapes(kwargs.values()))
         if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
             return None
         if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
             return None
-        snap = [_snapshot(a) for a in args]
-        named = {k: _snapshot(v) for k, v in kwargs.items()}
+        snap = [_snapshot(self.objects.marked(a)) for a in args]
+        named = {k: _snapshot(self.objects.marked(v)) for k, v in kwargs.items()}
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
+            return None
+        setup = self.objects.setup([*snap, *named.values()], step) if step is not None else []
+        if setup is None:  # an object it takes cannot be remade: the call cannot be either
             return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
         key = (function, tuple(map(_fingerprint, snap)), named_keys)
@@ -63,7 +70,7 @@ class _Log:
         self._shapes.add(shapes)
         self._count[function] = count + 1
         self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named, {}, []))
+        self.calls.append((function, snap, named, {}, [], setup))
         return len(self.calls) - 1
 
     def returned(self, index: int, result) -> None:
@@ -226,6 +233,10 @@ def _snapshot(value):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
         return list(value)
+    if isinstance(value, dict) and "kminer_object" in value:  # an object (record_objects)
+        return value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+        return [_snapshot(v) for v in value]  # a list holding objects
     return repr(value)
 
 

@@ -24,6 +24,8 @@ recorder that snapshots each call's arguments. What the tests need and this mach
   still made), numpy/torch checks pass, `pytest.raises` never fails and records nothing inside,
   `gradcheck` runs forward and backward once (not once per perturbed input);
 - exact repeats of a call (a test's CPU and CUDA cases) are kept once;
+- an object of a class the extension binds (SparseConvNet's `Metadata_2`) is recorded as the
+  steps that made and changed it (record_objects.py): a call taking one keeps its setup;
 - a repository function that calls a possible reference (`bias_act` calls the extension for
   CUDA inputs, `_bias_act_ref` otherwise) runs again on the other device with copies of its
   arguments, and the reference's calls are paired with the extension calls of the same values.
@@ -31,8 +33,8 @@ recorder that snapshots each call's arguments. What the tests need and this mach
 The calls are written with `torch.save`.
 Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt [BUILT.json]
 (BUILT.json: the repository's extensions kminer built for the CPU, which run behind the log)
-It imports only the standard library, torch, pytest and its two siblings (record_log.py,
-pretend_cuda.py, the same way): it also runs on the GPU box.
+It imports only the standard library, torch, pytest and its siblings (record_log.py,
+record_objects.py, pretend_cuda.py, the same way): it also runs on the GPU box.
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ import types
 try:  # beside this script in the sandbox; as kminer's modules when imported (tests)
     from testgen.standalone.pretend_cuda import _fake_cuda, _tag, _tagged
     from testgen.standalone.record_log import _Log, _within_budget
+    from testgen.standalone.record_objects import kept_steps
 except ImportError:
     from pretend_cuda import _fake_cuda, _tag, _tagged
     from record_log import _Log, _within_budget
+    from record_objects import kept_steps
 
 ITEMS_PER_TEST = 32  # parametrizations of one test run (spread over its parameter grid)
 RECORD_BUDGET_S = 75.0  # then the remaining tests are skipped; the sandbox allows 120 s
@@ -153,20 +157,31 @@ class _Recorder(types.ModuleType):
         super().__init__(name)
         self._log = log
         self._real = real
+        if real is not None:
+            log.objects.watch(real)  # its classes' objects: made and changed by steps
 
     def __getattr__(self, attr):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         log, real = self._log, self._real
+        objects = log.objects
 
         def record(*args, **kwargs):
-            index = log.add(attr, args, kwargs)
+            target = None if real is None else _cpu_side(real, attr)
+            step = None  # the call as a step of the objects it makes or takes
+            if objects.is_class(target) or objects.involved(args, kwargs):
+                step = objects.step(attr, args, kwargs)
+            index = log.add(attr, args, kwargs, step)
             if real is None:
                 return None
             try:
-                result = _cpu_side(real, attr)(*args, **kwargs)
+                result = target(*args, **kwargs)
             except Exception:
                 return None
+            if step is None and objects.holds(result):  # a function that makes an object
+                step = objects.step(attr, args, kwargs)
+            if step is not None:
+                objects.made(step, result)
             if index is not None:
                 with contextlib.suppress(Exception):
                     log.written(index, args)
@@ -1047,7 +1062,8 @@ def main(argv: list[str]) -> int:
             _run_script(test_file, tree, max(left, 1.0))  # finds no fixture `Group`)
         log.begin()
     calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
-    torch.save({"calls": calls, "refs": refs}, out)
+    steps, calls = kept_steps(log.objects.steps, calls)
+    torch.save({"calls": calls, "refs": refs, "steps": steps}, out)
     print(f"kminer-record: {len(calls)} calls, {len(refs)} reference calls")
     return 0
 
