@@ -39,6 +39,9 @@ NVCC_DEFINES = (
     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
     "-D__CUDA_NO_HALF2_OPERATORS__",
     "--expt-relaxed-constexpr",
+    # not cpp_extension's, but asked for by the setup.py of many repositories whose device
+    # code passes `[=] __device__ (...)` lambdas to thrust (MinkowskiEngine); it only allows
+    "--extended-lambda",
 )
 
 

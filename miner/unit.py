@@ -55,8 +55,13 @@ int unsigned long short char bool float double int8_t int16_t int32_t int64_t ui
 uint16_t uint32_t uint64_t size_t
 """.split()
 )
+# a template type parameter that holds indices, sizes or counts, not the data: `index_t`,
+# `size_type`, `coordinate_int_type`, `MapItype` (an integer type by its name), never a dtype
 _INDEX_NAME = re.compile(
-    r"^(?:index|idx|int|integer|i)(?:_?t(?:ype)?)?$|^(?:index|idx)\w*$", re.IGNORECASE
+    r"^(?:index|idx|int|integer|i)(?:_?t(?:ype)?)?$|^(?:index|idx)\w*$"
+    r"|^(?:size|count|offset|length)_?t(?:ype)?$|_int(?:_t|_type)?$|_int_"
+    r"|(?-i:[a-z]I(?:type|Type|T)$|^Itype$)",
+    re.IGNORECASE,
 )
 
 
@@ -71,6 +76,34 @@ class RenderedUnit:
 
 def half_type(needs_torch: bool) -> str:
     return "at::Half" if needs_torch else "__half"
+
+
+_THRUST_FUNCTIONAL = re.compile(r"\bthrust\s*::\s*(?:unary|binary)_function\b")
+# CCCL 3 (CUDA 13) removed thrust's C++98 function-object bases, which older device code
+# still derives its functors from (MinkowskiEngine); they come back as CCCL 2 had them
+THRUST_COMPAT = """\
+// kminer: thrust::unary_function / binary_function, removed in CCCL 3, as CCCL 2 defined them
+#include <thrust/version.h>
+#if THRUST_MAJOR_VERSION >= 3
+namespace thrust {
+template <typename Argument, typename Result>
+struct unary_function { typedef Argument argument_type; typedef Result result_type; };
+template <typename Argument1, typename Argument2, typename Result>
+struct binary_function {
+  typedef Argument1 first_argument_type;
+  typedef Argument2 second_argument_type;
+  typedef Result result_type;
+};
+}  // namespace thrust
+#endif"""
+
+
+def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
+    """What today's toolkit removed and the closure's code still uses, defined again."""
+    for entry in closure.entries:
+        if _THRUST_FUNCTIONAL.search(entry.item.source(models[entry.item.file].text)):
+            return THRUST_COMPAT.splitlines()
+    return []
 
 
 def render_unit(
@@ -90,6 +123,7 @@ def render_unit(
         if "acc_type" in closure.torch_names:
             out.append("#include <ATen/AccumulateType.h>")
     out += _externals(closure)
+    out += compat_lines(closure, models)
     out.append("")
     spans: list[tuple[int, int]] = []
     out += _body(closure.entries, models, len(out), spans)
@@ -176,30 +210,67 @@ def _ns_close(ns: tuple[str, ...]) -> list[str]:
 def _body(
     entries: list[Entry], models: dict[str, FileModel], first: int, spans: list[tuple[int, int]]
 ) -> list[str]:
-    """Items re-wrapped in namespaces and guards; records each item's line span in `spans`."""
+    """Items re-wrapped in namespaces and guards; records each item's line span in `spans`.
+    A namespace named by a macro whose items all share guards has them around it too: it was
+    opened under them (robin_hood's C++11 fallback `namespace ROBIN_HOOD_STD {`, where
+    ROBIN_HOOD_STD is `std` otherwise) and must not open when they are false, or
+    `robin_hood::std` hides `std::swap` from the code that follows. (Another namespace opens
+    as before: empty, it is harmless, and a later `using namespace` may need it.)"""
     lines: list[str] = []
     defined_macros: set[str] = set()
-    ns_now: tuple[str, ...] = ()
+    macros = {n for e in entries if e.item.kind == "macro" for n in e.item.names}
+    for ns, run in _namespace_runs(entries):
+        common = _common_guards([e.guards for e in run]) if macros.intersection(ns) else ()
+        if common:
+            lines.append("#if " + " && ".join(f"({g})" for g in common))
+        lines += _ns_open(ns)
+        for entry in run:
+            item = entry.item
+            text = item.source(models[item.file].text).rstrip("\n")
+            chunk = [f"// {item.file}:{item.line}"]
+            if item.kind == "macro":
+                name = item.names[0] if item.names else ""
+                if name in defined_macros:
+                    chunk.append(f"#undef {name}")
+                defined_macros.add(name)
+            own = entry.guards[len(common) :]
+            # one list element per line, so that list positions are line numbers
+            start = first + len(lines) + 1 + len(chunk) + (1 if own else 0)
+            text_lines = text.split("\n")
+            spans.append((start, start + len(text_lines) - 1))
+            lines += _guarded(chunk + text_lines, own)
+        lines += _ns_close(ns)
+        if common:
+            lines.append("#endif")
+    return lines
+
+
+def _namespace_runs(entries: list[Entry]) -> list[tuple[tuple[str, ...], list[Entry]]]:
+    """Consecutive entries of one namespace. A macro belongs to the run it sits in when it has
+    the guards of the entry before it; otherwise it stands outside any namespace (a `#define`
+    has none), so that it never stops a run's shared guards from holding for the run."""
+    runs: list[tuple[tuple[str, ...], list[Entry]]] = []
     for entry in entries:
         item = entry.item
-        ns = tuple(item.namespace) if item.kind != "macro" else ns_now
-        if ns != ns_now:
-            lines += _ns_close(ns_now) + _ns_open(ns)
-            ns_now = ns
-        text = item.source(models[item.file].text).rstrip("\n")
-        chunk = [f"// {item.file}:{item.line}"]
+        ns = tuple(item.namespace)
         if item.kind == "macro":
-            name = item.names[0] if item.names else ""
-            if name in defined_macros:
-                chunk.append(f"#undef {name}")
-            defined_macros.add(name)
-        # one list element per line, so that list positions are line numbers
-        start = first + len(lines) + 1 + len(chunk) + (1 if entry.guards else 0)
-        text_lines = text.split("\n")
-        spans.append((start, start + len(text_lines) - 1))
-        lines += _guarded(chunk + text_lines, entry.guards)
-    lines += _ns_close(ns_now)
-    return lines
+            inside = runs and runs[-1][1][-1].guards == entry.guards
+            ns = runs[-1][0] if inside else ()
+        if runs and runs[-1][0] == ns:
+            runs[-1][1].append(entry)
+        else:
+            runs.append((ns, [entry]))
+    return runs
+
+
+def _common_guards(guards: list[tuple[str, ...]]) -> tuple[str, ...]:
+    common = guards[0] if guards else ()
+    for g in guards[1:]:
+        k = 0
+        while k < min(len(common), len(g)) and common[k] == g[k]:
+            k += 1
+        common = common[:k]
+    return tuple(common)
 
 
 def _constant(arg: str, known: set[str]) -> bool:
@@ -252,7 +323,7 @@ def template_arguments(
                 # whose members the kernel calls), not an element type: no dtype stands in
             literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
             default = (tp["default"] or "").split()
-            if _INDEX_NAME.match(name):
+            if _INDEX_NAME.search(name):
                 value = literal or "int"
             elif default and set(default) <= _BUILTIN_TYPES - {"float", "double", "bool"}:
                 value = literal or " ".join(default)  # `key_type = int64_t`: keys, no dtype

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import kernel
+from conftest import kernel, needs_nvcc
 
 from miner.treewalk import pasted_refs
 
@@ -375,3 +375,87 @@ def test_a_macro_that_pastes_a_name_brings_the_macros_it_may_paste(tmp_path):
     assert "UNRELATED_DEFINITION_CXX" not in text  # only the pasted prefix's family
     assert pasted_refs("a##b", ["a", "b"]) == frozenset()  # two parameters: nothing to follow
     assert pasted_refs("x##_forward_impl", ["x"]) == {"*_forward_impl"}
+
+
+@needs_nvcc
+def test_a_namespace_a_macro_names_under_a_guard_opens_only_under_it(tmp_path):
+    """robin_hood.h's C++11 fallback opens `namespace ROBIN_HOOD_STD {` only where the macro
+    is not `std`; opened unguarded, it made `robin_hood::std`, and `using std::swap;` in
+    robin_hood failed to compile in 6 of MinkowskiEngine's units."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "hood.h").write_text(
+        "#pragma once\n#define HOOD(x) HOOD_PRIVATE_DEFINITION_##x()\n"
+        "#define HOOD_PRIVATE_DEFINITION_CXX() __cplusplus\n"
+        "#define HOOD_PRIVATE_DEFINITION_CXX14() 201402L\n"
+        "#include <utility>\n#include <type_traits>\nnamespace hood {\n"
+        "#if HOOD(CXX) >= HOOD(CXX14)\n#define HOOD_STD std\n#else\n"
+        "namespace HOOD_STD {\ntemplate <class T> struct alignment_of {\n"
+        "  static const int value = alignof(T);\n};\n}\n#endif\n"
+        "namespace detail {\nusing std::swap;\ntemplate <class T> struct nothrow {\n"
+        "  static const bool value = noexcept(swap(std::declval<T&>(), std::declval<T&>()));\n"
+        "};\ntemplate <class T> struct width {\n"
+        "  static const int value = HOOD_STD::alignment_of<T>::value;\n};\n}\n}\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "hood.h"\n__global__ void k(float* x) {\n'
+        "  x[0] = hood::detail::nothrow<float>::value;\n"
+        "  x[1] = hood::detail::width<float>::value;\n"
+        "}\nvoid run(float* x) { k<<<1, 1>>>(x); }\n"
+    )
+    disc = discover(tmp_path)
+    unit = Extractor(disc).extract(kernel(disc, "k"), "t").unit
+    text = unit.text
+    opened = text.index("namespace HOOD_STD {")
+    guard = text.rindex("#if", 0, opened)
+    between = text[guard:opened].splitlines()
+    assert between == ["#if (!(HOOD(CXX) >= HOOD(CXX14)))", "namespace hood {"]
+    assert compile_unit(text, False, []).status.value == "ok"
+
+
+def test_a_template_type_named_for_sizes_or_indices_is_an_integer(tmp_path):
+    """MinkowskiEngine's `copy_column<dst_coordinate_type, src_coordinate_type, size_type,
+    stride_src>` indexes with a `size_type`: instantiated as float, `x * coordinate_size` is no
+    index and 9 of its units failed. Data types stay the dtype."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "template <typename Dtype, typename size_type, typename MapItype,\n"
+        "          typename coordinate_int_type>\n"
+        "__global__ void k(Dtype* out, const Dtype* in, size_type n, const MapItype* map,\n"
+        "                  coordinate_int_type stride) {\n"
+        "  size_type i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "  if (i < n) out[i] = in[map[i] * stride];\n}\n"
+    )
+    disc = discover(tmp_path)
+    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    stub = text[text.index("namespace kminer_inst_float {") :]
+    stub = stub[: stub.index("}")]
+    assert "using Dtype = float;" in stub
+    for name in ("size_type", "MapItype", "coordinate_int_type"):
+        assert f"using {name} = int;" in stub
+
+
+@needs_nvcc
+def test_a_functor_deriving_from_thrusts_removed_unary_function_compiles(tmp_path):
+    """CCCL 3 (CUDA 13) removed `thrust::unary_function`; MinkowskiEngine's functors derive from
+    it. The unit defines it again, only where the toolkit lacks it and the code uses it."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "k.cu").write_text(
+        "#include <thrust/functional.h>\n"
+        "struct twice : public thrust::unary_function<float, float> {\n"
+        "  __host__ __device__ float operator()(float x) const { return 2 * x; }\n};\n"
+        "__global__ void k(float* x) { x[0] = twice()(x[0]); }\n"
+        "__global__ void plain(float* x) { x[0] = 1; }\n"
+    )
+    disc = discover(tmp_path)
+    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    assert "struct unary_function {" in text
+    assert compile_unit(text, False, []).status.value == "ok"
+    assert "unary_function {" not in Extractor(disc).extract(kernel(disc, "plain"), "t").unit.text
