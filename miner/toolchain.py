@@ -42,6 +42,9 @@ NVCC_DEFINES = (
     # not cpp_extension's, but asked for by the setup.py of many repositories whose device
     # code passes `[=] __device__ (...)` lambdas to thrust (MinkowskiEngine); it only allows
     "--extended-lambda",
+    # CUB's own profiling ranges off (nothing it computes changes): its NVTX3 C++ header
+    # collides with the older copy repositories vendor (cudf's, in MinkowskiEngine)
+    "-DCCCL_DISABLE_NVTX",
 )
 
 

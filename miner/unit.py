@@ -98,12 +98,31 @@ struct binary_function {
 #endif"""
 
 
+# standard names a repository's code often gets through torch's headers (a full ATen include
+# brings <iomanip> and <sstream>), which a unit's lighter includes do not
+_STD_HEADER_OF = {
+    "setprecision": "iomanip",
+    "setw": "iomanip",
+    "setfill": "iomanip",
+    "stringstream": "sstream",
+    "ostringstream": "sstream",
+    "istringstream": "sstream",
+    "cout": "iostream",
+    "cerr": "iostream",
+}
+_STD_USE = re.compile(r"\bstd\s*::\s*(" + "|".join(_STD_HEADER_OF) + r")\b")
+
+
 def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
-    """What today's toolkit removed and the closure's code still uses, defined again."""
-    for entry in closure.entries:
-        if _THRUST_FUNCTIONAL.search(entry.item.source(models[entry.item.file].text)):
-            return THRUST_COMPAT.splitlines()
-    return []
+    """What today's toolkit removed and the closure's code still uses, defined again, and the
+    standard headers its code uses without including them."""
+    texts = [e.item.source(models[e.item.file].text) for e in closure.entries]
+    included = {e.header for e in closure.externals}
+    wanted = {_STD_HEADER_OF[m] for t in texts for m in _STD_USE.findall(t)} - included
+    lines = [f"#include <{h}>" for h in sorted(wanted)]
+    if any(_THRUST_FUNCTIONAL.search(t) for t in texts):
+        lines += THRUST_COMPAT.splitlines()
+    return lines
 
 
 def render_unit(

@@ -459,3 +459,24 @@ def test_a_functor_deriving_from_thrusts_removed_unary_function_compiles(tmp_pat
     assert "struct unary_function {" in text
     assert compile_unit(text, False, []).status.value == "ok"
     assert "unary_function {" not in Extractor(disc).extract(kernel(disc, "plain"), "t").unit.text
+
+
+def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):
+    """MinkowskiEngine's storage.cuh prints with `std::setprecision` and never includes
+    <iomanip>: under torch/extension.h it came along; a unit includes less."""
+    from miner.closure import Closure
+    from miner.discover import discover
+    from miner.linearize import Entry, ExternalInclude
+    from miner.unit import compat_lines
+
+    (tmp_path / "k.cu").write_text(
+        "#include <iostream>\n"
+        "inline void show(float x) { std::cout << std::setprecision(3) << x; }\n"
+        "__global__ void k(float* x) { x[0] = 1; }\n"
+    )
+    disc = discover(tmp_path)
+    show = next(it for it in disc.models["k.cu"].items if it.names == ("show",))
+    bare = Closure([Entry(show, ())], [ExternalInclude("iostream", True, (), "k.cu")], False)
+    assert compat_lines(bare, disc.models) == ["#include <iomanip>"]
+    own = [ExternalInclude(h, True, (), "k.cu") for h in ("iostream", "iomanip")]
+    assert compat_lines(Closure([Entry(show, ())], own, False), disc.models) == []
