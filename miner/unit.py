@@ -283,12 +283,11 @@ def _namespace_runs(entries: list[Entry]) -> list[tuple[tuple[str, ...], list[En
 
 
 def _common_guards(guards: list[tuple[str, ...]]) -> tuple[str, ...]:
-    common = guards[0] if guards else ()
-    for g in guards[1:]:
-        k = 0
-        while k < min(len(common), len(g)) and common[k] == g[k]:
-            k += 1
-        common = common[:k]
+    common = []
+    for parts in zip(*guards, strict=False):  # stops at the shortest
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
     return tuple(common)
 
 

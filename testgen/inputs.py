@@ -23,6 +23,7 @@ from pathlib import Path
 from miner import sandbox
 from testgen import pysources
 from testgen.standalone import RECORDER, RECORDER_PARTS
+from testgen.standalone.record_objects import is_marker
 
 log = logging.getLogger(__name__)
 FILE_TIMEOUT_S = 120.0
@@ -173,15 +174,7 @@ def record_file(
     rel = test_file.relative_to(repo).as_posix()
     try:
         raw = torch.load(out, weights_only=True)
-        steps = raw.get("steps", [])
-        calls = [
-            _with_objects(
-                RecordedCall(n, list(a), dict(k), rel, dict(rest[0]) if rest else {}),
-                _listed(rest[1:2]),
-                [steps[i] for i in rest[2]] if len(rest) > 2 else [],
-            )
-            for n, a, k, *rest in raw["calls"]
-        ]
+        calls = [_recorded_call(entry, rel, raw.get("steps", [])) for entry in raw["calls"]]
         refs = [
             RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in ps], rel, *arrays)
             for file, name, a, k, res, ps, *arrays in raw["refs"]
@@ -192,20 +185,18 @@ def record_file(
         return [], []
 
 
-def _is_object(value) -> bool:
-    return isinstance(value, dict) and "kminer_object" in value
-
-
-def _with_objects(call: RecordedCall, returned: list, setup: list) -> RecordedCall:
-    """`call` with what it returned, its objects' markers moved out of its arguments, and the
-    steps that remake them."""
-    call.returned = returned
+def _recorded_call(entry: tuple, rel: str, steps: list) -> RecordedCall:
+    """A call as the recorder wrote it, with its objects' markers moved out of its arguments
+    (testgen.standalone.record_objects) and the steps that remake them."""
+    n, a, k, *rest = entry
+    call = RecordedCall(n, list(a), dict(k), rel, dict(rest[0]) if rest else {}, _listed(rest[1:]))
     for key, value in [*enumerate(call.args), *call.kwargs.items()]:
-        if _is_object(value):
+        if is_marker(value):
             call.objects[key] = value
             (call.args if isinstance(key, int) else call.kwargs)[key] = (
                 f"<object {value['kminer_object']}>"
             )
+    setup = [steps[i] for i in rest[2]] if len(rest) > 2 else []
     call.setup = [(name, list(args), dict(kwargs)) for name, args, kwargs in setup]
     return call
 

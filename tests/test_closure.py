@@ -14,6 +14,16 @@ def unit_for(traps, traps_extractor, name, spec=None):
     return traps_extractor.extract(k, f"test {name}")
 
 
+def unit_texts(root, *names: str) -> list[str]:
+    """The unit text of each kernel `names` of the repository written at `root`."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    disc = discover(root)
+    extractor = Extractor(disc)
+    return [extractor.extract(kernel(disc, name), "t").unit.text for name in names]
+
+
 def test_helpers_macros_and_aliases_come_along(traps, traps_extractor):
     res = unit_for(traps, traps_extractor, "blend_kernel")
     text = res.unit.text
@@ -142,9 +152,6 @@ def test_a_standard_library_name_never_resolves_to_a_vendored_definition(tmp_pat
 
 
 def test_definitions_stamped_by_macro_invocations_are_found(tmp_path):
-    from miner.discover import discover
-    from miner.extract import Extractor
-
     (tmp_path / "atomics.cuh").write_text(
         "#pragma once\n#define OP(X, Y) Y + X\n"
         "#define ATOMIC(NAME) \\\n  template <typename T> struct Atomic##NAME##Impl { \\\n"
@@ -155,8 +162,7 @@ def test_definitions_stamped_by_macro_invocations_are_found(tmp_path):
         '#include "atomics.cuh"\n'
         "__global__ void k(float* x) { x[0] = AtomicMulImpl<float>()(x[0], x[1]); }\n"
     )
-    disc = discover(tmp_path)
-    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    (text,) = unit_texts(tmp_path, "k")
     assert "ATOMIC(Mul)" in text and "#define ATOMIC(NAME)" in text
     assert text.index("#define OP(X, Y) Y * X") < text.index("ATOMIC(Mul)")
 
@@ -353,9 +359,6 @@ def test_a_macro_that_pastes_a_name_brings_the_macros_it_may_paste(tmp_path):
     ROBIN_HOOD(CXX14)` through `ROBIN_HOOD_PRIVATE_DEFINITION_##x()`: no word of the file names
     `ROBIN_HOOD_PRIVATE_DEFINITION_CXX14`, yet the unit needs it, or the preprocessor stops at
     `missing binary operator before token "("`."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
     (tmp_path / "hood.h").write_text(
         "#pragma once\n#define ROBIN_HOOD(x) ROBIN_HOOD_PRIVATE_DEFINITION_##x()\n"
         "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX() __cplusplus\n"
@@ -368,8 +371,7 @@ def test_a_macro_that_pastes_a_name_brings_the_macros_it_may_paste(tmp_path):
         '#include "hood.h"\n__global__ void k(float* x) { x[0] *= HOOD_SCALE; }\n'
         "void run(float* x) { k<<<1, 1>>>(x); }\n"
     )
-    disc = discover(tmp_path)
-    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    (text,) = unit_texts(tmp_path, "k")
     assert "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX14() 201402L" in text
     assert "#define ROBIN_HOOD_PRIVATE_DEFINITION_CXX() __cplusplus" in text
     assert "UNRELATED_DEFINITION_CXX" not in text  # only the pasted prefix's family
@@ -383,8 +385,6 @@ def test_a_namespace_a_macro_names_under_a_guard_opens_only_under_it(tmp_path):
     is not `std`; opened unguarded, it made `robin_hood::std`, and `using std::swap;` in
     robin_hood failed to compile in 6 of MinkowskiEngine's units."""
     from miner.compile import compile_unit
-    from miner.discover import discover
-    from miner.extract import Extractor
 
     (tmp_path / "hood.h").write_text(
         "#pragma once\n#define HOOD(x) HOOD_PRIVATE_DEFINITION_##x()\n"
@@ -405,9 +405,7 @@ def test_a_namespace_a_macro_names_under_a_guard_opens_only_under_it(tmp_path):
         "  x[1] = hood::detail::width<float>::value;\n"
         "}\nvoid run(float* x) { k<<<1, 1>>>(x); }\n"
     )
-    disc = discover(tmp_path)
-    unit = Extractor(disc).extract(kernel(disc, "k"), "t").unit
-    text = unit.text
+    (text,) = unit_texts(tmp_path, "k")
     opened = text.index("namespace HOOD_STD {")
     guard = text.rindex("#if", 0, opened)
     between = text[guard:opened].splitlines()
@@ -419,9 +417,6 @@ def test_a_template_type_named_for_sizes_or_indices_is_an_integer(tmp_path):
     """MinkowskiEngine's `copy_column<dst_coordinate_type, src_coordinate_type, size_type,
     stride_src>` indexes with a `size_type`: instantiated as float, `x * coordinate_size` is no
     index and 9 of its units failed. Data types stay the dtype."""
-    from miner.discover import discover
-    from miner.extract import Extractor
-
     (tmp_path / "k.cu").write_text(
         "template <typename Dtype, typename size_type, typename MapItype,\n"
         "          typename coordinate_int_type>\n"
@@ -430,8 +425,7 @@ def test_a_template_type_named_for_sizes_or_indices_is_an_integer(tmp_path):
         "  size_type i = blockIdx.x * blockDim.x + threadIdx.x;\n"
         "  if (i < n) out[i] = in[map[i] * stride];\n}\n"
     )
-    disc = discover(tmp_path)
-    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    (text,) = unit_texts(tmp_path, "k")
     stub = text[text.index("namespace kminer_inst_float {") :]
     stub = stub[: stub.index("}")]
     assert "using Dtype = float;" in stub
@@ -444,8 +438,6 @@ def test_a_functor_deriving_from_thrusts_removed_unary_function_compiles(tmp_pat
     """CCCL 3 (CUDA 13) removed `thrust::unary_function`; MinkowskiEngine's functors derive from
     it. The unit defines it again, only where the toolkit lacks it and the code uses it."""
     from miner.compile import compile_unit
-    from miner.discover import discover
-    from miner.extract import Extractor
 
     (tmp_path / "k.cu").write_text(
         "#include <thrust/functional.h>\n"
@@ -454,11 +446,10 @@ def test_a_functor_deriving_from_thrusts_removed_unary_function_compiles(tmp_pat
         "__global__ void k(float* x) { x[0] = twice()(x[0]); }\n"
         "__global__ void plain(float* x) { x[0] = 1; }\n"
     )
-    disc = discover(tmp_path)
-    text = Extractor(disc).extract(kernel(disc, "k"), "t").unit.text
+    text, plain = unit_texts(tmp_path, "k", "plain")
     assert "struct unary_function {" in text
     assert compile_unit(text, False, []).status.value == "ok"
-    assert "unary_function {" not in Extractor(disc).extract(kernel(disc, "plain"), "t").unit.text
+    assert "unary_function {" not in plain
 
 
 def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):

@@ -346,7 +346,8 @@ OBJECT_REPO = {
     "    lookup(t, torch.tensor([5, 9]))\n    t.add(torch.tensor([9]))\n"
     "    lookup(t, torch.tensor([5, 9]))\n"
     "    other = Table()\n    other.add(torch.tensor([1]))\n\n\n"
-    "def test_made_by_a_function():\n    made = from_keys(torch.tensor([4]))\n"
+    "def test_made_by_a_function():\n    _ext.only_on_cuda(torch.tensor([1.0]))\n"
+    "    made = from_keys(torch.tensor([4]))\n"
     "    _ext.lookup(made, torch.tensor([4, 6]))\n",
 }
 # the extension as the CPU build would run it: a module of the same name, with a class
@@ -389,3 +390,5 @@ def test_an_object_an_op_takes_is_recorded_as_the_steps_that_made_it(tmp_path):
     assert made.objects[0]["path"] == [0]
     assert [name for name, _, _ in made.setup] == ["make_table"]
     assert made.setup[0][1][0].tolist() == [4]
+    # a function the CPU build lacks is recorded, returns None, and the test goes on
+    assert [c.args[0].tolist() for c in calls["only_on_cuda"]] == [[1.0]]

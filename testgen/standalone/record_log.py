@@ -13,10 +13,10 @@ import hashlib
 
 try:
     from testgen.standalone.pretend_cuda import _TAG, _elsewhere
-    from testgen.standalone.record_objects import _Objects
+    from testgen.standalone.record_objects import _Objects, is_marker
 except ImportError:
     from pretend_cuda import _TAG, _elsewhere
-    from record_objects import _Objects
+    from record_objects import _Objects, is_marker
 
 MAX_CALLS_PER_FUNCTION = 64
 MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
@@ -53,12 +53,16 @@ class _Log:
             return None
         if count >= MAX_CALLS_PER_FUNCTION and shapes in self._shapes:
             return None
-        snap = [_snapshot(self.objects.marked(a)) for a in args]
-        named = {k: _snapshot(self.objects.marked(v)) for k, v in kwargs.items()}
+        if step is None:
+            snap = [_snapshot(a) for a in args]
+            named = {k: _snapshot(v) for k, v in kwargs.items()}
+            setup = []
+        else:  # the step's own snapshot (taken once), and how its objects are remade
+            _, snap, named = self.objects.steps[step] if step >= 0 else (None, [], {})
+            setup = self.objects.setup([*snap, *named.values()], step)
+            if setup is None:  # an object it takes cannot be remade: the call cannot be either
+                return None
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
-            return None
-        setup = self.objects.setup([*snap, *named.values()], step) if step is not None else []
-        if setup is None:  # an object it takes cannot be remade: the call cannot be either
             return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
         key = (function, tuple(map(_fingerprint, snap)), named_keys)
@@ -233,9 +237,9 @@ def _snapshot(value):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
         return list(value)
-    if isinstance(value, dict) and "kminer_object" in value:  # an object (record_objects)
+    if is_marker(value):  # an object (record_objects)
         return value
-    if isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+    if isinstance(value, (list, tuple)) and any(is_marker(v) for v in value):
         return [_snapshot(v) for v in value]  # a list holding objects
     return repr(value)
 

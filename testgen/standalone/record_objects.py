@@ -47,7 +47,7 @@ class _Objects:
         return isinstance(value, type) and value in self._classes
 
     def involved(self, args: tuple, kwargs: dict) -> bool:
-        return any(type(v) in self._classes for v in (*args, *kwargs.values()))
+        return any(self.holds(v) for v in (*args, *kwargs.values()))
 
     def holds(self, value) -> bool:
         """Whether `value` is an object, or a list or tuple holding one."""
@@ -61,7 +61,7 @@ class _Objects:
             unmade = (self._classes[type(value)], _BROKEN, ())
             name, made_by, path = self._made.get(id(value), unmade)
             return {"kminer_object": name, "made_by": made_by, "path": list(path)}
-        if isinstance(value, (list, tuple)) and any(type(v) in self._classes for v in value):
+        if isinstance(value, (list, tuple)) and self.holds(value):
             return type(value)(self.marked(v) for v in value)
         return value
 
@@ -86,14 +86,15 @@ class _Objects:
         if type(result) in self._classes:
             self._alive.append(result)
             self._made[id(result)] = (self._classes[type(result)], index, path)
-            self._touched.setdefault(index, [])
         elif isinstance(result, (list, tuple)):
             for i, value in enumerate(result):
                 self.made(index, value, (*path, i))
 
     def setup(self, values: list, before: int) -> list[int] | None:
         """The steps before step `before` that remake the objects `values` hold (markers);
-        None when one of them cannot be remade."""
+        None when one of them cannot be remade (or the call itself was no step)."""
+        if before == _BROKEN:
+            return None
         needed: set[int] = set()
         todo = [m["made_by"] for m in _markers(values)]
         seen: set[int] = set()
@@ -130,10 +131,15 @@ def _bound_here(cls: type, module) -> bool:
     return cls.__module__ == own or cls.__module__.split(".")[-1] == own.split(".")[-1]
 
 
+def is_marker(value) -> bool:
+    """Whether a recorded value stands for an object (see `_Objects.marked`)."""
+    return isinstance(value, dict) and "kminer_object" in value
+
+
 def _markers(values) -> list[dict]:
     found = []
     for v in values:
-        if isinstance(v, dict) and "kminer_object" in v:
+        if is_marker(v):
             found.append(v)
         elif isinstance(v, dict):
             found += _markers(list(v.values()))
@@ -149,7 +155,7 @@ def kept_steps(steps: list, calls: list) -> tuple[list, list]:
     number = {k: i for i, k in enumerate(needed)}
 
     def renumber(value):
-        if isinstance(value, dict) and "kminer_object" in value:
+        if is_marker(value):
             return {**value, "made_by": number.get(value["made_by"], _BROKEN)}
         if isinstance(value, list):
             return [renumber(v) for v in value]
