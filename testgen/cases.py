@@ -424,7 +424,8 @@ def plan(
         out.cases.append(case | ({"flag": flag, "was": was} if flag is not None else {}))
 
     for i, b in enumerate(base):
-        add(f"{'generated' if made else 'recorded'}_{i}", i, as_recorded=not (made or b.derived))
+        kminer_made = made or b.derived or (b.call is not None and b.call.made)
+        add(f"{'generated' if made else 'recorded'}_{i}", i, as_recorded=not kminer_made)
     shapes = {shape_key(b.args) for b in base}
     for k, b in enumerate(derived):  # made at the binding (binding_variants)
         if shape_key(b.args) not in shapes:

@@ -96,6 +96,59 @@ def _role(name: str, fwd: list[str], outputs: set[str]):
     return None
 
 
+def _unpaired(type_text: str):
+    """The role of a backward parameter the forward neither takes nor writes: an optional one
+    (the forward's saved results, mamba's `x_` and `out_`) is not given, as when the op skips
+    them; a bool (a mode of the backward alone: `recompute_out_z`) is off."""
+    if re.search(r"\boptional\b", type_text):
+        return ("absent",)
+    if re.fullmatch(r"(?:const\s+)?bool\s*&?", type_text.strip()):
+        return ("off",)
+    return None
+
+
+def _grad_target(name: str, fwd: list[str]) -> int | None:
+    """The forward position whose gradient `name` holds (`dA` → `A`, `ddelta_bias` →
+    `delta_bias_`), or None."""
+    m = _GRAD_OF.match(name)
+    base = _bare((m and (m.group("a") or m.group("b"))) or "")
+    return next((k for k, p in enumerate(fwd) if base and _bare(p) == base), None)
+
+
+def _top_level(items: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(items):
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "," and depth == 0:
+            parts.append(items[start:i])
+            start = i + 1
+    return [*parts, items[start:]]
+
+
+def returned_order(body: str, fwd: list[str]) -> list[int] | None:
+    """The forward positions whose gradients a backward returns, in its return's order
+    (`std::vector<at::Tensor> result = {du, ddelta, dA, dB.to(B.dtype())}; if (has_z) {
+    result.push_back(dz); } return result;`), up to the first value that is no gradient of a
+    forward input; None when the return is not such a list."""
+    listed = re.search(r"\breturn\s*\{([^{}]*)\}", body)
+    items = _top_level(listed.group(1)) if listed else []
+    if not listed:
+        var = re.search(r"\breturn\s+(\w+)\s*;", body)
+        init = var and re.search(rf"\b{var.group(1)}\s*=?\s*\{{([^{{}}]*)\}}", body)
+        if not init:
+            return None
+        pushed = rf"\b{var.group(1)}\s*\.\s*(?:push|emplace)_back\s*\(([^;]*)\)\s*;"
+        items = _top_level(init.group(1)) + re.findall(pushed, body)
+    order: list[int] = []
+    for item in items:
+        name = re.match(r"\s*([A-Za-z_]\w*)", item)
+        k = _grad_target(name.group(1), fwd) if name else None
+        if k is None or k in order:
+            break
+        order.append(k)
+    return order or None
+
+
 def _binding_args(call: RecordedCall, refs) -> list | None:
     try:
         params, bound = bind_call(call, refs)
@@ -107,8 +160,9 @@ def _binding_args(call: RecordedCall, refs) -> list | None:
 class _Plan:
     """How the backward's arguments come from a forward call and what it must output."""
 
-    def __init__(self, p: Pairing, fwd: list[str], bwd: list[str], roles: list) -> None:
+    def __init__(self, p: Pairing, fwd: list[str], bwd: list[str], roles: list, order=None) -> None:
         self.p, self.fwd, self.bwd, self.roles = p, fwd, bwd, roles
+        self.order = order  # forward positions in the order the backward returns gradients
         self.out_targets = [j for j, t in enumerate(p.outputs) if t]
         self.inputs = [k for k, r in enumerate(roles) if r[0] != "grad"]
         self.grads = [r[1] for r in roles if r[0] == "grad"]
@@ -153,6 +207,8 @@ class _Plan:
                 args.append(outs[self.out_targets.index(w)] if w is not None else fargs[k])
             elif role[0] == "absent":
                 args.append(None)
+            elif role[0] == "off":
+                args.append(False)
             elif role[0] == "grad":
                 if fargs[k] is None:
                     args.append(None)  # an optional input not given: no gradient to write
@@ -194,8 +250,12 @@ class _Plan:
                 return ""
         by_output = dict(zip(self.output_of, self.bwd, strict=True))
         out_grads = [by_output.get(j, "None") for j in range(len(self.out_targets))]
-        # the gradients it writes, by name; else those it returns, in the forward's order
+        # the gradients it writes, by name; else those it returns, in the forward's order;
+        # one that writes a gradient (mamba's optional `dz_`) and returns them all: in its
+        # return's order
         wanted = [self.fwd.index(g) for g in self.grads] or "leaves"
+        if self.grads and self.order:
+            wanted = list(self.order)
         lines = [
             forward_body,
             adapter(self.p, self.fwd, name="_forward"),
@@ -256,7 +316,7 @@ def find_grad_reference(
     """(Reference, the backward calls it covers) for a backward `binding`, from the forward
     the tests pair with a PyTorch function; or why there is none."""
     repo = Path(refs.disc.root)
-    found = _grad_code(binding, recorded, refs, repo, to_host, returns)
+    found = _grad_code(binding, recorded, refs, repo, to_host, returns, [n for _, n in host])
     if isinstance(found, str):
         return found
     code, back, calls, forward = found
@@ -319,7 +379,23 @@ def _forward_calls(calls: list, p: Pairing, refs) -> list[RecordedCall]:
     return (picked + rest)[:MAX_CALLS]
 
 
-def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
+def _without_optionals(calls: list[RecordedCall], params: list, p: Pairing) -> list:
+    """Each forward call again without its optional tensors (mamba's `D_`, `z_`,
+    `delta_bias_`), where it gives some: a backward handed none of the forward's saved results
+    (`out_`) runs only on such calls when its host code needs them beside an optional input
+    (`if (has_z) TORCH_CHECK(out_.has_value())`); the others it refuses, which the test reports
+    as invalid cases."""
+    optional = [k for k, (t, _) in enumerate(params) if re.search(r"\boptional\b", t)]
+    made = []
+    for c in calls:
+        if any(k < len(c.args) and c.args[k] is not None for k in optional):
+            args = [None if k in optional else a for k, a in enumerate(c.args)]
+            if p.covers(args):
+                made.append(RecordedCall(c.function, args, {}, c.test_file))
+    return made[: max(0, MAX_CALLS - len(calls))] if len(calls) < MAX_CALLS else made[:4]
+
+
+def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str, host_names=()):
     """(code, Pairing, backward calls, forward function) for a backward `binding`; or why
     there is none."""
     refs_list = getattr(recorded, "refs", [])
@@ -334,21 +410,26 @@ def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
     if not fwd or not bwd or sig is None:
         return f"{fwd_name} or {binding} has no signature to pair"
     problems = []
+    bwd_item = refs.definition(bwd_def)
+    bsig = refs.signature(bwd_item) if bwd_item else None
+    types = {n: t for t, n in (bsig.params if bsig else [])}
+    order = returned_order(refs.body(bwd_item), fwd) if bwd_item else None
     for p in pair(refs_list, fwd_name, repo, sig.returns, lambda c: _binding_args(c, refs))[:2]:
         written = {fwd[t[1]] for t in p.outputs if t and t[0] == "arg"}
-        roles = [_role(n, fwd, written) for n in bwd]
+        roles = [_role(n, fwd, written) or _unpaired(types.get(n, "")) for n in bwd]
         if None in roles or not any(r[0] == "out_grad" for r in roles):
             odd = [n for n, r in zip(bwd, roles, strict=True) if r is None]
             what = ", ".join(odd) or "output gradient"
             problems.append(f"{binding}'s {what} is no forward input of {fwd_name}")
             continue
-        plan = _Plan(p, fwd, bwd, roles)
+        plan = _Plan(p, fwd, bwd, roles, order)
         body = vendor_function(repo, p.file, p.function)
         if body.startswith("!"):
             problems.append(f"{p.function}: {body[1:]}")
             continue
         code = plan.code(body)
         forward_calls = _forward_calls(recorded.get(fwd_name, []), p, refs)
+        forward_calls += _without_optionals(forward_calls, sig.params, p)
         if not code or not forward_calls:
             problems.append(f"{p.function}: no backward call follows from its forward calls")
             continue
@@ -360,7 +441,7 @@ def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
         for seed, (c, o) in enumerate(zip(forward_calls, outs, strict=True)):
             args = plan.backward_call(c.args, o, seed)
             if args is not None:
-                calls.append(RecordedCall(binding, args, {}, c.test_file))
+                calls.append(RecordedCall(binding, args, {}, c.test_file, made=True))
         grads = _run(code, "kminer_gradients", [c.args for c in calls], "its gradient")
         if isinstance(grads, str):
             problems.append(f"{p.function}: {grads}")
@@ -374,7 +455,9 @@ def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str):
             values = dict(zip(names, [call.args[k] for k in plan.inputs], strict=True))
             ref = RefCall("kminer_backward", p.file, list(values.values()), {}, result)
             bound.append((RecordedCall(binding, host, {}, call.test_file), ref, values))
-        back = _pair_all(bound, p.file, "kminer_backward", returns) if bound else None
+        handed = {n for n, r in zip(bwd, roles, strict=True) if r[0] == "grad"}
+        buffers = frozenset(i for i, n in enumerate(host_names) if n in handed)
+        back = _pair_all(bound, p.file, "kminer_backward", returns, buffers) if bound else None
         if back is None:
             problems.append(f"{p.function}: its gradients do not map onto {binding}'s outputs")
             continue

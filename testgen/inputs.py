@@ -44,6 +44,9 @@ class RecordedCall:
     # `args` each stands as "<object CLASS>", as an unrecordable value always did
     objects: dict = field(default_factory=dict)
     setup: list = field(default_factory=list)  # the steps that remake them: (name, args, kwargs)
+    # kminer made it, no test did (a backward call from a forward call's gradient): the label's
+    # host code may refuse it, which makes an invalid case, never a failure
+    made: bool = False
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""

@@ -263,9 +263,13 @@ def pair(
     return found
 
 
-def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None:
+def _pair_all(
+    bound: list, file: str, name: str, returns: str, buffers: frozenset = frozenset()
+) -> Pairing | None:
     """Keep the pairs on which every tensor parameter finds its binding argument (a test's
-    other ops pair by accident and drop out), then read the mapping off them."""
+    other ops pair by accident and drop out), then read the mapping off them. `buffers`:
+    binding positions the function may leave unread (a gradient buffer a backward is handed
+    and also returns)."""
     kept: list = []
     tensor_names = {n for _, _, v in bound for n, x in v.items() if hasattr(x, "shape")}
     for call, ref, values in bound:
@@ -303,7 +307,7 @@ def _pair_all(bound: list, file: str, name: str, returns: str) -> Pairing | None
     width = min(len(c.args) for c, _ in pairs)
     fixed = {}
     for k in range(width):
-        if k in used or k in written or k in tables:
+        if k in used or k in written or k in tables or k in buffers:
             continue
         kinds = {_kind(c.args[k]) for c, _ in pairs}
         if any(_kind(c.args[k]) == "tensor" and c.args[k].is_floating_point() for c, _ in pairs):

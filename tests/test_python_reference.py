@@ -310,3 +310,93 @@ def test_backward_parameters_are_read_by_name_optional_marks_included():
     assert _role("silu_activation", fwd, {"out"}) == ("input", "silu_activation")
     assert _role("grad_output", ["input", "output"], {"output"}) == ("out_grad", "output")
     assert _role("top_grad", ["input"], set()) == ("out_grad",)
+
+
+MAMBA_STYLE_BACKWARD = """
+std::vector<at::Tensor> scan_bwd(const at::Tensor &u, const at::Tensor &delta,
+                                 const c10::optional<at::Tensor> &z_,
+                                 const at::Tensor &dout, const c10::optional<at::Tensor> &out_,
+                                 c10::optional<at::Tensor> &dz_, bool recompute_out_z) {
+    at::Tensor du = torch::empty_like(u), ddelta = torch::empty_like(delta), dz, out_z;
+    std::vector<at::Tensor> result = {du, ddelta.to(delta.dtype(), false)};
+    if (z_.has_value()) { result.push_back(dz); }
+    if (recompute_out_z) { result.push_back(out_z); }
+    return result;
+}
+"""
+
+
+def test_a_backward_returning_its_gradients_is_read_in_its_returns_order():
+    """mamba's selective_scan_bwd returns `{du, ddelta, ...}` and pushes `dz` when it has z,
+    then `out_z` (no gradient: the list stops there); a braced return reads the same."""
+    from testgen.grad_reference import returned_order
+
+    fwd = ["u", "delta", "z_", "delta_softplus"]
+    assert returned_order(MAMBA_STYLE_BACKWARD, fwd) == [0, 1, 2]
+    assert returned_order("return {grad_delta, grad_u};", fwd) == [1, 0]
+    assert returned_order("return {out, du};", fwd) is None  # `out` is no gradient
+    assert returned_order("du.copy_(x); return;", fwd) is None
+
+
+def test_backward_parameters_the_forward_never_takes_are_absent_or_off():
+    """The forward's saved results (`x_`, `out_`: optional) are not given and a mode of the
+    backward alone (`recompute_out_z`) is off; a required tensor the forward never names
+    leaves the backward without a plan."""
+    from testgen.grad_reference import _unpaired
+
+    assert _unpaired("const c10::optional<at::Tensor> &") == ("absent",)
+    assert _unpaired("std::optional<torch::Tensor>") == ("absent",)
+    assert _unpaired("bool") == ("off",) and _unpaired("const bool &") == ("off",)
+    assert _unpaired("const at::Tensor &") is None
+    assert _unpaired("int64_t") is None
+
+
+def test_a_forward_call_is_also_made_without_its_optional_tensors():
+    """A backward handed none of the forward's saved results runs on calls without the
+    optional input that needs them (mamba: `z_` needs `out_`)."""
+    from testgen.grad_reference import _without_optionals
+    from testgen.inputs import RecordedCall
+    from testgen.python_reference import Pairing
+
+    params = [("const at::Tensor &", "u"), ("const c10::optional<at::Tensor> &", "z_")]
+    pairing = Pairing("scan_ref", "ops.py", {"u": ("arg", 0), "z": ("arg", 1)}, [("return",)])
+    with_z = RecordedCall("fwd", [torch.ones(3), torch.ones(3)], {}, "tests/t.py")
+    without_z = RecordedCall("fwd", [torch.ones(3), None], {}, "tests/t.py")
+    (made,) = _without_optionals([with_z, without_z], params, pairing)
+    assert made.args[1] is None and torch.equal(made.args[0], with_z.args[0])
+    pairing.fixed = {1: "tensor"}  # a pairing that never saw it absent does not cover it
+    assert _without_optionals([with_z], params, pairing) == []
+
+
+def test_a_gradient_buffer_the_reference_never_reads_may_stay_unread():
+    """A backward handed a buffer it writes and also returns (`dz_`) pairs with a reference
+    that never reads it; any other float tensor the reference leaves unread still means the
+    pair is not this op."""
+    from testgen.inputs import RecordedCall, RefCall
+    from testgen.python_reference import _pair_all
+
+    bound = []
+    for n in (3, 5):
+        x, g = torch.randn(n), torch.randn(n)
+        call = RecordedCall("bwd", [x, g, torch.zeros(n)], {}, "tests/t.py")
+        bound.append(
+            (call, RefCall("kminer_backward", "ops.py", [x, g], {}, [2 * g]), {"x": x, "g": g})
+        )
+    assert _pair_all(bound, "ops.py", "kminer_backward", "std::vector<at::Tensor>") is None
+    found = _pair_all(bound, "ops.py", "kminer_backward", "std::vector<at::Tensor>", frozenset({2}))
+    assert found is not None and found.params == {"g": ("arg", 1), "x": ("arg", 0)}
+    assert found.outputs == [("return",)]
+
+
+def test_a_call_kminer_made_is_a_made_case_though_carried_like_a_recorded_one():
+    """A backward call made from a forward call's gradient: the label may refuse it (an
+    invalid case), where a call the repository's own test made must pass."""
+    from testgen.cases import BaseCall, plan
+    from testgen.inputs import RecordedCall
+
+    made = RecordedCall("bwd", [torch.ones(4)], {}, "tests/t.py", made=True)
+    recorded = RecordedCall("bwd", [torch.ones(5)], {}, "tests/t.py")
+    base = [BaseCall([torch.ones(4)], "tests/t.py", call=made)]
+    base.append(BaseCall([torch.ones(5)], "tests/t.py", call=recorded))
+    cases = {c["id"]: c["made"] for c in plan(base, ["float32"]).cases}
+    assert cases["recorded_0"] is True and cases["recorded_1"] is False
