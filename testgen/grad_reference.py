@@ -41,6 +41,8 @@ _BACKWARD = {"backward", "bwd", "bw", "grad", "updategradinput", "accgradparamet
 _DIRECTION = _BACKWARD | {"forward", "fwd", "fw", "updateoutput"}
 _GRAD_OF = re.compile(r"^(?:grad_?|d_?)(?P<a>\w+)$|^(?P<b>\w+?)_?grad$")
 _OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
+_OPTIONAL = re.compile(r"\boptional\b")  # c10::optional<at::Tensor>, std::optional<...>
+MIN_WITHOUT_OPTIONALS = 4  # forward calls made without their optional tensors, even at MAX_CALLS
 
 
 def _stem(name: str) -> tuple[str, bool]:
@@ -71,6 +73,12 @@ def _bare(name: str) -> str:
     return name.rstrip("_")  # `bias_`, `dfinal_states_`: C++'s mark of an optional
 
 
+def _grad_base(name: str) -> str:
+    """The name a gradient is named after (`grad_x`, `dx`, `x_grad` → `x`), else ''."""
+    m = _GRAD_OF.match(name)
+    return _bare((m and (m.group("a") or m.group("b"))) or "")
+
+
 def _role(name: str, fwd: list[str], outputs: set[str]):
     """What a backward parameter holds: one of the forward's ("input", p), the gradient it
     writes for forward input p ("grad", p), the gradient of the forward output written into p
@@ -79,8 +87,7 @@ def _role(name: str, fwd: list[str], outputs: set[str]):
     write ("absent", p: always None). `outputs`: the forward's parameters it writes into."""
     if name in fwd:
         return ("input", name)
-    m = _GRAD_OF.match(name)
-    base = _bare((m and (m.group("a") or m.group("b"))) or "")
+    base = _grad_base(name)
     if base:
         for p in fwd:
             if _bare(p) == base and p not in outputs:
@@ -100,7 +107,7 @@ def _unpaired(type_text: str):
     """The role of a backward parameter the forward neither takes nor writes: an optional one
     (the forward's saved results, mamba's `x_` and `out_`) is not given, as when the op skips
     them; a bool (a mode of the backward alone: `recompute_out_z`) is off."""
-    if re.search(r"\boptional\b", type_text):
+    if _OPTIONAL.search(type_text):
         return ("absent",)
     if re.fullmatch(r"(?:const\s+)?bool\s*&?", type_text.strip()):
         return ("off",)
@@ -110,8 +117,7 @@ def _unpaired(type_text: str):
 def _grad_target(name: str, fwd: list[str]) -> int | None:
     """The forward position whose gradient `name` holds (`dA` → `A`, `ddelta_bias` →
     `delta_bias_`), or None."""
-    m = _GRAD_OF.match(name)
-    base = _bare((m and (m.group("a") or m.group("b"))) or "")
+    base = _grad_base(name)
     return next((k for k, p in enumerate(fwd) if base and _bare(p) == base), None)
 
 
@@ -385,14 +391,14 @@ def _without_optionals(calls: list[RecordedCall], params: list, p: Pairing) -> l
     (`out_`) runs only on such calls when its host code needs them beside an optional input
     (`if (has_z) TORCH_CHECK(out_.has_value())`); the others it refuses, which the test reports
     as invalid cases."""
-    optional = [k for k, (t, _) in enumerate(params) if re.search(r"\boptional\b", t)]
+    optional = [k for k, (t, _) in enumerate(params) if _OPTIONAL.search(t)]
     made = []
     for c in calls:
         if any(k < len(c.args) and c.args[k] is not None for k in optional):
             args = [None if k in optional else a for k, a in enumerate(c.args)]
             if p.covers(args):
                 made.append(RecordedCall(c.function, args, {}, c.test_file))
-    return made[: max(0, MAX_CALLS - len(calls))] if len(calls) < MAX_CALLS else made[:4]
+    return made[: max(MIN_WITHOUT_OPTIONALS, MAX_CALLS - len(calls))]
 
 
 def _grad_code(binding: str, recorded, refs, repo: Path, to_host, returns: str, host_names=()):
