@@ -73,7 +73,7 @@ def _bare(name: str) -> str:
     return name.rstrip("_")  # `bias_`, `dfinal_states_`: C++'s mark of an optional
 
 
-def _grad_base(name: str) -> str:
+def grad_base(name: str) -> str:
     """The name a gradient is named after (`grad_x`, `dx`, `x_grad` → `x`), else ''."""
     m = _GRAD_OF.match(name)
     return _bare((m and (m.group("a") or m.group("b"))) or "")
@@ -87,7 +87,7 @@ def _role(name: str, fwd: list[str], outputs: set[str]):
     write ("absent", p: always None). `outputs`: the forward's parameters it writes into."""
     if name in fwd:
         return ("input", name)
-    base = _grad_base(name)
+    base = grad_base(name)
     if base:
         for p in fwd:
             if _bare(p) == base and p not in outputs:
@@ -117,7 +117,7 @@ def _unpaired(type_text: str):
 def _grad_target(name: str, fwd: list[str]) -> int | None:
     """The forward position whose gradient `name` holds (`dA` → `A`, `ddelta_bias` →
     `delta_bias_`), or None."""
-    base = _grad_base(name)
+    base = grad_base(name)
     return next((k for k, p in enumerate(fwd) if base and _bare(p) == base), None)
 
 

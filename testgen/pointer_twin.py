@@ -63,12 +63,17 @@ def _matching_brace(text: str, start: int) -> int:
     return len(text) - 1
 
 
-def pointer_reference(adapter: str, exposed: str, launcher: str, cpu: str) -> tuple[str, str]:
+def pointer_reference(
+    adapter: str, exposed: str, launcher: str, cpu: str, tensors: bool = False
+) -> tuple[str, str]:
     """(C++ code, what `m.def("reference", ...)` binds): the label's own adapter, calling the
     CPU twin where it called the launcher. The twin takes the same pointers and numbers, so the
-    dtype dispatch and the casts are the label's."""
+    dtype dispatch and the casts are the label's; with `tensors`, it takes the tensors whose
+    data the pointers are (a helper that rebuilds the CPU op's tensors, testgen.op_loop)."""
     body = adapter.replace(exposed, "reference", 1)
     body = re.sub(rf"(?<![\w:]){re.escape(launcher)}(?=\s*[<(])", cpu, body)
+    if tensors:
+        body = re.sub(r"\b(\w+)\s*\.\s*data_ptr\s*<[^<>()]*>\s*\(\s*\)", r"\1", body)
     code = (
         f"// kminer: {cpu} takes the pointers {launcher} takes; the label's adapter calls it\n"
         f"namespace kminer_ref {{\nusing at::Tensor;\n{body}\n}}  // namespace kminer_ref\n"

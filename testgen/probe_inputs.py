@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import subprocess
@@ -47,12 +48,13 @@ from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
 from testgen.standalone import PROBE
-from testgen.tile_sizes import TILE_RANK
+from testgen.tile_sizes import sizes_at_rank
 from wrappers.adapter import aliases as type_aliases
 
 log = logging.getLogger(__name__)
 SIZES_BY_RANK = {2: (16, 7, 29), 3: (10, 5, 13), 4: (6, 4, 7)}  # n per draft set, by the top rank
 MAX_DRAFTS = 192  # per size
+MAX_TILE_ELEMENTS = 1 << 18  # in a draft at a tile size: its tensors are embedded in the test
 KEEP = 3  # drafts kept per size: more value ranges give int-only ops 9 cases, not 3 (some
 # turn out invalid on the GPU: pytorch_sparse's random walk kept 4 of 6)
 PROBE_LIMITS = sandbox.Limits(seconds=150, memory_mb=8 << 10, processes=64, watch_rss=True)
@@ -89,6 +91,7 @@ class TensorFacts:
     fixed_rank: int | None = None
     fixed_dims: dict = field(default_factory=dict)  # dim -> size the code checks it against
     row: int | None = None  # elements a row, where the code steps its data by a literal
+    zeros: bool = False  # the code refuses it unless all zero (a buffer its caller clears)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -146,6 +149,10 @@ def read_facts(
         facts.rank = max(facts.rank, int(m[1]) + 1)
     for m in re.finditer(member + r"stride\s*\(\s*(\d+)\s*\)", code):  # steps over dim k
         facts.rank = max(facts.rank, int(m[1]) + 2)  # to reach dim k + 1 (a row's stride)
+    if re.search(member + r"eq\s*\(\s*0\s*\)\s*\.\s*all\s*\(", code):
+        facts.zeros = True
+    for m in re.finditer(member + r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}", code):
+        facts.rank = max(facts.rank, len(split_top(m[1])))  # a view of its data as k dims
     for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):
         facts.rank = max(facts.rank, int(m[1]) + 1)
     for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)\b", code):
@@ -163,8 +170,8 @@ def read_facts(
         _note(facts, _dtype_of(m[1], aliases), m[1])  # a typed view: `tv::torch2tv<const int>(x)`
         if m[2]:  # a view k indices into it has k dimensions more than the one it gives
             facts.rank = max(facts.rank, len(split_top(m[3])) + 1)
-    if depth < 1:  # a copy that the code reads in its place: `auto c = x.to(torch::kCPU);`
-        copies = rf"\b([A-Za-z_]\w*)\s*=\s*{n}\s*\.\s*(?:to|cpu|contiguous|clone)\s*\("
+    if depth < 1:  # a copy that the code reads in its place: `auto c = x.to(torch::kCPU);`, `= x;`
+        copies = rf"\b([A-Za-z_]\w*)\s*=\s*{n}\s*(?:;|\.\s*(?:to|cpu|contiguous|clone)\s*\()"
         for m in re.finditer(copies, code):
             if m[1] != name:
                 read_facts(code, m[1], facts, aliases, depth + 1)
@@ -186,6 +193,41 @@ class Slot:
     facts: TensorFacts | None = None
     modes: tuple = ()
     width: int = 1  # of a list of index groups: the indices one entry of a group takes
+    factors: tuple = ()  # of a number the code checks to be their product: their slots
+
+
+_PRODUCT = re.compile(
+    r"\b(?:TORCH_CHECK|AT_ASSERT|assert)\s*\(\s*([A-Za-z_]\w*)\s*==\s*"
+    r"([A-Za-z_]\w*(?:\s*\*\s*[A-Za-z_]\w*)*)\s*[,)]"
+)
+
+
+_COUNTED = re.compile(
+    r"\bTORCH_CHECK\s*\(\s*([A-Za-z_]\w*)\s*\.\s*numel\s*\(\s*\)\s*>=\s*(\d+)\s*\*\s*"
+    r"([A-Za-z_]\w*)\s*[,)]"
+)
+
+
+def products(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
+    """Numbers the code checks to be a product of others, or another (`TORCH_CHECK(input_stride
+    == input_nPlanes * nGroups)`: what the op computes before calling its launcher), and counts
+    of the entries a tensor holds (`rules.numel() >= 2 * nHot`), are made from them, not
+    drafted: no draft spends its steps finding the one value that agrees."""
+    for code, names in texts:
+        index = {n: i for i, n in enumerate(names) if i < len(slots) and n}
+        for m in _PRODUCT.finditer(code):
+            target = index.get(m[1])
+            factors = tuple(index.get(f.strip()) for f in m[2].split("*"))
+            if target is None or None in factors or target in factors:
+                continue
+            if slots[target].kind == "int" and all(slots[f].kind == "int" for f in factors):
+                slots[target] = Slot("product", factors=factors)
+        for m in _COUNTED.finditer(code):  # `rules.numel() >= 2 * nHot`: nHot entries of 2
+            tensor, target = index.get(m[1]), index.get(m[3])
+            if tensor is None or target is None or not 0 < int(m[2]) <= 16:
+                continue
+            if slots[target].kind == "int" and slots[tensor].kind == "tensor":
+                slots[target] = Slot("count", factors=(tensor,), width=int(m[2]))
 
 
 def group_width(code: str, name: str) -> int | None:
@@ -242,6 +284,8 @@ def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.T
     count = 1
     for s in shape:
         count *= s
+    if facts.zeros:
+        return torch.zeros(shape, dtype=facts.dtype)
     if facts.dtype.is_floating_point:
         return (torch.randn(count, generator=gen) * 2).to(facts.dtype).reshape(shape)
     if values == "bools":
@@ -280,9 +324,12 @@ def drafts(
     the choice indices wanted (the others are not made)."""
     options = [_choices(s, n, wider_first=agree) for s in slots]
     out = []
-    for combo in itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS):
-        if only is not None and combo not in only:
-            continue
+    combos = (  # the wanted ones in the same order, however many steps away
+        sorted(only, key=lambda c: (sum(c), c))
+        if only is not None
+        else itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS)
+    )
+    for combo in combos:
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
@@ -298,6 +345,11 @@ def drafts(
                 args.append(next(floats))
             else:
                 args.append(opts[k])
+        for i, slot in enumerate(slots):
+            if slot.kind == "product":
+                args[i] = math.prod(args[f] for f in slot.factors)
+            elif slot.kind == "count":  # as many entries as the tensor holds
+                args[i] = args[slot.factors[0]].numel() // slot.width
         out.append((combo, args))
     return out
 
@@ -352,6 +404,7 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
                 if i < len(names) and names[i]:
                     read_facts(code, names[i], facts, aliases)
         slots.append(Slot(kind, facts))
+    products(slots, texts)
     return slots if any(s.kind == "tensor" for s in slots) else None
 
 
@@ -446,10 +499,15 @@ def probed_calls(
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
         return f"no drafted call ran clean through its CPU implementation ({', '.join(seen)})"
-    clean = {combo for k, (_, combo, _) in enumerate(flat) if verdicts.get(k) == "ok"}
-    tiles = tile_sizes if rank <= TILE_RANK else ()
+    clean = [(n, combo) for k, (n, combo, _) in enumerate(flat) if verdicts.get(k) == "ok"]
+    tiles = sizes_at_rank(tile_sizes, rank)
     if tiles:  # only the drafts that ran clean at the probe's own sizes: tensors are larger
-        more = [(n, c, a) for n in tiles for c, a in drafts(slots, n, agree, only=clean)]
+        more = [
+            (t, c, a)
+            for t in tiles
+            for c, a in drafts(slots, t, agree, only={_at_size(slots, c, n, t) for n, c in clean})
+            if _elements(a) <= MAX_TILE_ELEMENTS
+        ]
         tile_verdicts = _verdicts_of(module, name, tiles, more)
         for k, (n, _, args) in enumerate(more):
             if tile_verdicts.get(k) == "ok":
@@ -461,6 +519,24 @@ def probed_calls(
         for n in (*sizes, *tiles)
         if rank < len(held.get(n, []))
     ]
+
+
+def _at_size(slots: list[Slot], combo: tuple, n: int, to: int) -> tuple:
+    """The choices at size `to` that make the draft `combo` made at size n: an integer that was
+    n is `to`, one that was a small count (1, 2, 4) stays that count, wherever it sits among
+    the choices at `to` (4 is n itself at n = 4)."""
+    out = []
+    for slot, k in zip(slots, combo, strict=True):
+        if slot.kind == "int":
+            before, after = _choices(slot, n), _choices(slot, to)
+            value = to if before[k] == n else before[k]
+            k = after.index(value) if value in after else k
+        out.append(k)
+    return tuple(out)
+
+
+def _elements(args: list) -> int:
+    return sum(a.numel() for a in args if isinstance(a, torch.Tensor))
 
 
 def _verdicts_of(module: Path, name: str, sizes: tuple, flat: list) -> dict[int, str]:

@@ -42,6 +42,7 @@ from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
+from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
 from wrappers.kernel_twin import twin_names
 from wrappers.legacy import header_lines, modernize
@@ -355,6 +356,24 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             )
         if found:
             reasons.append(found)
+        lifted = op_loop(refs, e_item, sig.params, paths, _host_side)
+        if isinstance(lifted, tuple):
+            op, helper_name, helper, called = lifted
+            params = [n for _, n in sig.params]
+            closure = _closure_of(refs, called, op)
+            return Located(
+                "op loop",
+                op,
+                sig,
+                params,
+                e_item.names[0],
+                "",
+                adapter_text,
+                (helper_name, helper),
+                closure,
+            )
+        if lifted:
+            reasons.append(lifted)
     host = _device_branch(refs, e_item, sig) if not adapted else None
     if isinstance(host, Located):  # 5. the launcher's own CPU branch (device_branch)
         return host
@@ -419,6 +438,17 @@ def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:
     return any(n.replace(a, b) == cpu for n in names for a, b in TWINS)
+
+
+def _closure_of(refs: RepoRefs, names: list[str], op: Item) -> Closure:
+    """The closure of the repository functions a lifted loop calls (not of the op around it,
+    whose Metadata-like objects the loop never touches), as one unit; empty when it calls none."""
+    closure = Closure(entries=[], externals=[], needs_torch=True)
+    for name in names:
+        item = refs.definition(name, host_side=True)
+        if item is not None and _host_side(item):
+            link_before(closure, cpu_closure(refs, item), op)
+    return closure
 
 
 def cpu_closure(refs: RepoRefs, item: Item) -> Closure:
@@ -488,13 +518,17 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper
         code, target = pointer_reference(
-            loc.pointer_adapter, loc.exposed.name, cand.wrapper.launcher, helper_name or cpu
+            loc.pointer_adapter,
+            loc.exposed.name,
+            cand.wrapper.launcher,
+            helper_name or cpu,
+            tensors=loc.mechanism == "op loop",
         )
-        code = (
-            f"// kminer: {cpu} takes one group; the CPU op's loop over groups\n{helper}{code}"
-            if helper
-            else code
-        )
+        why = {
+            "op loop": f"{cpu}'s loop over the rule book its CUDA twin hands the launcher",
+            "group twin": f"{cpu} takes one group; the CPU op's loop over groups",
+        }.get(loc.mechanism, "")
+        code = f"// kminer: {why}\n{helper}{code}" if helper else code
     else:
         code, target = adapter(
             loc.exposed,

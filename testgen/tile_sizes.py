@@ -27,6 +27,7 @@ from testgen.shape_selectors import _guards
 
 TILE_SIZES = (48, 65)
 TILE_RANK = 3  # past it a tensor of 65 a side is too large to probe
+SMALL_TILE_SIZES = (8, 16, 17)  # for tensors of more dimensions (sizes_at_rank)
 _TILED = re.compile(
     r"[\w)\]]\s*%\s*[\w(]"  # an alignment
     # a threshold of two names (spaced as formatted code spaces a comparison, unlike the
@@ -50,9 +51,29 @@ def tiled(label_text: str, kernel: str) -> bool:
     return any(
         _TILED.search(cond)
         for site in sites.finditer(code)
-        for cond, _ in _guards(root, code, site.start())
+        for cond in (*(c for c, _ in _guards(root, code, site.start())), _in_macro(code, site))
     )
+
+
+def _in_macro(code: str, site: re.Match) -> str:
+    """The text before `site` in the `#define` it is written in (SparseConvNet's
+    `#define FOO(T, K, V) { if (input_nPlanes % K == 0 ...) { ...<<<...>>>` picks a kernel by
+    alignment inside a macro the grammar reads as one opaque token), else ''."""
+    start = code.rfind("\n", 0, site.start()) + 1
+    while start > 1 and code[start - 2] == "\\":  # a continued line: the #define is above
+        start = code.rfind("\n", 0, start - 1) + 1
+    head = code[start : site.start()]
+    return head if re.match(r"[ \t]*#[ \t]*define\b", head) else ""
 
 
 def tile_sizes(label_text: str, kernel: str) -> tuple[int, ...]:
     return TILE_SIZES if tiled(label_text, kernel) else ()
+
+
+def sizes_at_rank(tiles: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """The tile sizes a probe of tensors of `rank` dimensions tries: past TILE_RANK a tensor of
+    65 a side is too large, so the smallest common tiles, 8 and 16, and one past 16 (a width no
+    tile aligns)."""
+    if not tiles or rank <= TILE_RANK:
+        return tiles
+    return SMALL_TILE_SIZES

@@ -20,7 +20,7 @@ from enum import StrEnum
 import tree_sitter as ts
 
 from miner.aliases import collect_aliases
-from miner.textprep import blank_comments_and_strings, split_top
+from miner.textprep import blank_comments_and_strings, bracket_end, split_top
 from miner.treewalk import LANGUAGE
 
 MAX_PER_KIND = 3
@@ -130,15 +130,29 @@ def _decl_name(node: ts.Node | None) -> tuple[str, set[str]]:
     return (node.text.decode("latin-1") if node is not None else ""), kinds
 
 
+def _kernel_only(src: str, name: str) -> str:
+    """`src` with everything but its preprocessor lines and the `__global__` definitions of
+    `name` blanked, offsets kept: SparseConvNet's `FOO(T, 64, 16)` statements (a macro call
+    with no semicolon) make the grammar lose every definition after them."""
+    code = blank_comments_and_strings(src)
+    keep = [False] * len(src)
+    for m in re.finditer(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", code, re.MULTILINE):
+        keep[m.start() : m.end()] = [True] * (m.end() - m.start())
+    head = r"(?:template\s*<[^{};]*>\s*)?__global__\b[^{};]*?\b"
+    for m in re.finditer(head + re.escape(name) + r"\s*\(", code):
+        open_at = code.find("{", m.end())
+        end = bracket_end(code, open_at, "{", "}") if open_at >= 0 else None
+        if end:
+            keep[m.start() : end] = [True] * (end - m.start())
+    return "".join(c if k or c == "\n" else " " for c, k in zip(src, keep, strict=True))
+
+
 class _Kernel:
     """The parsed label and its kernel: body, pointers, locals, stores and definitions."""
 
-    def __init__(self, text: str, name: str) -> None:
-        self.text, self.name = text, name
-        code = blank_comments_and_strings(text)
-        self.rw = collect_aliases([code]).rewrite(text, code)
-        self.src = self.rw.text if self.rw else text
-        root = ts.Parser(LANGUAGE).parse(self.src.encode("latin-1")).root_node
+    def _definitions(self, src: str, name: str) -> tuple:
+        """(the parse's root, the `__global__` definitions of `name` in it, primary first)."""
+        root = ts.Parser(LANGUAGE).parse(src.encode("latin-1")).root_node
         found = []  # the primary definition: explicit specializations only if nothing else
         for n in _walk(root):
             if n.type == "function_definition" and any(c.type == "__global__" for c in n.children):
@@ -146,6 +160,16 @@ class _Kernel:
                 tmpl = self.txt(n.parent.child_by_field_name("parameters")).replace(" ", "")
                 if fname == name:
                     found.append(("template_function" in kinds or tmpl == "<>", n.start_byte, n))
+        return root, found
+
+    def __init__(self, text: str, name: str) -> None:
+        self.text, self.name = text, name
+        code = blank_comments_and_strings(text)
+        self.rw = collect_aliases([code]).rewrite(text, code)
+        self.src = self.rw.text if self.rw else text
+        root, found = self._definitions(self.src, name)
+        if not found:  # a statement the grammar cannot read (a macro call with no `;`) earlier
+            root, found = self._definitions(_kernel_only(self.src, name), name)
         if not found:
             raise ValueError(f"no __global__ definition of {name!r} in the label")
         fn = min(found, key=lambda f: f[:2])[2]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from testgen.tile_sizes import TILE_SIZES, tile_sizes, tiled
+from testgen.probe_inputs import MAX_TILE_ELEMENTS
+from testgen.tile_sizes import TILE_SIZES, sizes_at_rank, tile_sizes, tiled
 
 # spconv's gather functor, as mmcv's labels hold it: a vectorized block kernel for whole tiles
 # of an aligned width, a vectorized one for the rest, a generic one where no tile fits
@@ -67,3 +68,40 @@ def test_template_brackets_and_literal_bounds_are_no_threshold():
     assert not tiled(typed, "gatherGenericKernel")
     spaced = cast.replace("static_cast<int>(size) > 0", "size > numPlanes")
     assert tiled(spaced, "gatherGenericKernel")
+
+
+# SparseConvNet's convolution picks its kernel size inside a macro, and calls the macro as a
+# statement with no semicolon (which the grammar cannot read)
+MACRO = r"""
+template <typename T, int K, int V> __global__ void conv_A(T *o, const T *i, int n) {
+  if (threadIdx.x < n) o[threadIdx.x] = i[threadIdx.x];
+}
+template <typename T, int K, int V> __global__ void conv_B(T *o, const T *i, int n) {
+  if (threadIdx.x < n) o[threadIdx.x] = i[threadIdx.x];
+}
+#define FOO(T, K, V)                                                   \
+  {                                                                    \
+    if (planes % K == 0) {                                             \
+      conv_A<T, K, V><<<1, K>>>(o, i, n);                              \
+      return;                                                          \
+    }                                                                  \
+  }
+template <typename T> void conv(T *o, const T *i, int n, int planes) {
+  FOO(T, 32, 8)
+  FOO(T, 16, 4)
+  conv_B<T, 8, 2><<<1, 8>>>(o, i, n);
+}
+"""
+
+
+def test_a_kernel_picked_by_alignment_inside_a_macro_gets_the_tile_sizes():
+    assert tiled(MACRO, "conv_A")
+    assert not tiled(MACRO, "conv_B")  # launched outside the macro, under no alignment
+
+
+def test_tensors_of_more_dimensions_are_probed_at_smaller_tiles():
+    assert sizes_at_rank(TILE_SIZES, 2) == TILE_SIZES and sizes_at_rank((), 4) == ()
+    small = sizes_at_rank(TILE_SIZES, 4)
+    assert max(small) ** 4 <= MAX_TILE_ELEMENTS  # a tensor of that size a side is embedded
+    assert any(s % 16 == 0 for s in small) and any(s % 8 == 0 and s % 16 for s in small)
+    assert any(s % 8 for s in small)  # one width no tile aligns

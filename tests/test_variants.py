@@ -294,3 +294,26 @@ def test_loop_macro_bound_is_the_argument_not_a_letter_of_the_index():
     )
     (off, *_) = [v for v in derive_variants(text, "k") if v.kind == VariantKind.OFF_BY_ONE]
     assert "CUDA_1D_KERNEL_LOOP(index, (n) - 1) {" in off.text
+
+
+def test_a_kernel_after_code_the_grammar_cannot_read_still_gets_its_variants():
+    """SparseConvNet calls a macro as a statement with no semicolon (`FOO(T, 64, 16)`) before
+    its rule-book kernels; the grammar loses every definition after it, so the kernel is read
+    alone (its span and the preprocessor lines), its edits still made on the label's text."""
+    label = (
+        "using Int = int;\n"
+        "#define FOO(T, K, V) { if (n % K == 0) { k<T, K, V><<<1, K>>>(o, i, n); return; } }\n"
+        "template <typename T>\nvoid launch(T *o, T *i, Int *rules,\n\t\tInt n) {\n"
+        "  FOO(T, 64, 16)\n  FOO(T, 32, 8)\n  assert(false);\n}\n"
+        "template <>\nvoid launch<double>(double *o, double *i, Int *rules,\n\t\tInt n) {\n"
+        "  FOO(double, 32, 8)\n  FOO(double, 16, 4)\n  assert(false);\n}\n"
+        "template <typename T, Int K, Int V>\n__global__ void\nk(T *o, T *i, Int n) {\n"
+        "  for (int x = threadIdx.x; x < n; x += blockDim.x) o[x] += i[x] * 2;\n}\n"
+    )
+    found = derive_variants(label, "k")
+    kinds = {v.kind for v in found}
+    assert {VariantKind.NO_WRITE, VariantKind.OFF_BY_ONE, VariantKind.OP_SWAP} <= kinds
+    head = label[: label.index("__global__")]
+    for v in found:
+        text = re.sub(r"^// kminer variant:.*\n", "", v.text, flags=re.MULTILINE)
+        assert text.startswith(head) and text != label  # only the kernel's body changed
