@@ -153,7 +153,7 @@ def _one_group(refs, launcher: Item, params: list, paths: list, host_side) -> tu
         mine = {passed[k]: params[k][1] for k in range(len(params)) if k not in odd}
         group, hot = params[odd[0]][1], params[odd[1]][1]
         book = f"kminer_book_{launcher.names[0]}"
-        call_args_ = ", ".join(book if n == missing[0] else mine.get(n, n) for _, n in o_sig.params)
+        outer_args = ", ".join(book if n == missing[0] else mine.get(n, n) for _, n in o_sig.params)
         returns = l_sig.returns.strip()
         types = _TYPENAME.findall(l_sig.template or "")
         outer_helper += f"<{types[0]}>" if types else ""
@@ -163,10 +163,10 @@ def _one_group(refs, launcher: Item, params: list, paths: list, host_side) -> tu
             f"  auto kminer_first = {group}.data_ptr<{element}>();\n"
             f"  std::vector<std::vector<{element}>> {book}{{\n"
             f"      std::vector<{element}>(kminer_first, kminer_first + {width} * {hot})}};\n"
-            f"  {'' if returns == 'void' else 'return '}{outer_helper}({call_args_});\n"
+            f"  {'' if returns == 'void' else 'return '}{outer_helper}({outer_args});\n"
         )
         name = f"kminer_onegroup_{launcher.names[0]}"
-        code = outer_code + helper_code(name, l_sig, params, None, {}, body, with_groups=False)
+        code = outer_code + helper_code(name, l_sig, params, None, body)
         return cpu, name, code, called
     return why
 
@@ -187,8 +187,7 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
     if not end:
         return f"{cpu.names[0]}'s loop over {rules} does not close"
     tensors: dict[str, str] = {}  # CPU op tensor -> the launcher parameter holding its data
-    numbers: dict[str, str] = {}  # flattened expression over the op's tensors -> parameter
-    passed: list[tuple[str, str]] = []  # (that expression, the parameter) for each number
+    passed: list[tuple[str, str]] = []  # (flattened expression over the op's tensors, param)
     sizes: dict[str, dict[int, str]] = {}
     for k, ((type_, name), arg) in enumerate(zip(params, args, strict=True)):
         if k == groups:
@@ -201,10 +200,12 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
         if "*" in type_ or "Tensor" in type_:
             return f"{launcher.names[0]}'s `{name}` is `{arg}`, no tensor's data"
         passed.append((_flat(expanded), name))
-        numbers.setdefault(_flat(expanded), name)  # the first parameter given a value holds it
         one = _SIZE.fullmatch(expanded.strip())
         if one:
             sizes.setdefault(one.group(1), {}).setdefault(int(one.group(2)), name)
+    numbers: dict[str, str] = {}  # each expression -> the first parameter given its value
+    for expr, name in passed:
+        numbers.setdefault(expr, name)
     ranks: dict[str, int] = {}
     for m in _RESIZE.finditer(cuda_body):
         dims = split_top(m.group(2))
@@ -263,9 +264,7 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
         lifted = IDENT.sub(lambda m: clash.get(m[0], m[0]), lifted)
     name = f"kminer_oploop_{launcher.names[0]}"
     called = sorted({m.group(1) for m in _CALLED.finditer(lifted)} & set(refs.defs))
-    code = helper_code(
-        name, refs.signature(launcher), params, groups, tensors, "".join(views) + checks + lifted
-    )
+    code = helper_code(name, l_sig, params, groups, "".join(views) + checks + lifted)
     return name, code, called
 
 
@@ -297,8 +296,7 @@ def _kept_definitions(defs: dict, loop: str, tail, rules: str, loop_at: int) -> 
         init, start, stop = defs[n]
         if n in kept or start > loop_at:
             continue
-        line_start = start
-        kept[n] = (line_start, stop)
+        kept[n] = (start, stop)
         todo += [m for m in names_in(init) if m in defs and m != rules and m not in kept]
     return sorted(kept.values())
 
@@ -343,21 +341,16 @@ def _cleared(lifted: str, tensors: dict, defined: set[str]) -> str:
     return "".join(dict.fromkeys(lines))
 
 
-def helper_code(name, l_sig, params, groups, tensors, body, with_groups: bool = True) -> str:
-    """The launcher's template header and parameters, pointers taken as tensors."""
+def helper_code(name, l_sig, params, groups: int | None, body: str) -> str:
+    """The launcher's template header and the adapter's parameters (pointers as tensors), the
+    rule book at `groups` (None: none) taken as whatever list of lists the adapter passes."""
     template = (l_sig.template if l_sig else "") or ""
     inner = re.fullmatch(r"\s*template\s*<(.*)>\s*", template, re.DOTALL)
     inner = inner.group(1).strip() if inner else ""
-    extra = "typename KminerGroups" if with_groups else ""
+    extra = "typename KminerGroups" if groups is not None else ""
     header = f"template <{', '.join(p for p in (inner, extra) if p)}>" if inner or extra else ""
-    pointer_names = set(tensors.values())
-    decl = []
-    for i, (t, n) in enumerate(params):
-        if i == groups:
-            decl.append(f"const KminerGroups &{n}")
-        elif n in pointer_names or "*" in t:
-            decl.append(f"at::Tensor {n}")
-        else:
-            decl.append(f"{t} {n}")
+    decl = [
+        f"const KminerGroups &{n}" if i == groups else f"{t} {n}" for i, (t, n) in enumerate(params)
+    ]
     returns = l_sig.returns.strip() if l_sig else "void"
     return f"{header}\n{returns} {name}({', '.join(decl)}) {{\n{body}}}\n"
