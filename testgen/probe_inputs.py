@@ -92,6 +92,8 @@ class TensorFacts:
     fixed_dims: dict = field(default_factory=dict)  # dim -> size the code checks it against
     row: int | None = None  # elements a row, where the code steps its data by a literal
     zeros: bool = False  # the code refuses it unless all zero (a buffer its caller clears)
+    columns: int = 0  # entries of this many indices a count counts (a rule book's pairs)
+    view: tuple = ()  # the shape the code views it in: ("n",), ("literal", k), ("slot", i)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -228,6 +230,37 @@ def products(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
                 continue
             if slots[target].kind == "int" and slots[tensor].kind == "tensor":
                 slots[target] = Slot("count", factors=(tensor,), width=int(m[2]))
+                slots[tensor].facts.columns = int(m[2])
+
+
+def views(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
+    """Tensors the code views in a shape of the numbers it takes (`w.view({-1, nGroups,
+    input_nPlanes, output_nPlanes})`: a weight its caller sized by them) are drafted in that
+    shape, n where it says -1: drafted n a side, a tensor agrees with those numbers in few
+    drafts, and a tile size's tensors grow by their numbers, not by n to the fourth."""
+    for code, names in texts:
+        index = {n: i for i, n in enumerate(names) if i < len(slots) and n}
+        for i, name in enumerate(names[: len(slots)]):
+            facts = slots[i].facts
+            if not name or slots[i].kind != "tensor" or facts.view:
+                continue
+            m = re.search(rf"\b{re.escape(name)}\s*(?:\.|->)\s*{_VIEWED}", code)
+            dims = tuple(_view_dim(d.strip(), index, slots) for d in split_top(m[1])) if m else ()
+            named = dims and None not in dims and any(d[0] == "slot" for d in dims)
+            if named and sum(d[0] == "n" for d in dims) <= 1:
+                facts.view = dims
+
+
+_VIEWED = r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}"
+
+
+def _view_dim(text: str, index: dict, slots: list[Slot]) -> tuple | None:
+    if text == "-1":
+        return ("n",)
+    if text.isdigit() and 0 < int(text) <= 64:
+        return ("literal", int(text))
+    k = index.get(text)
+    return ("slot", k) if k is not None and slots[k].kind in ("int", "product") else None
 
 
 def group_width(code: str, name: str) -> int | None:
@@ -271,16 +304,22 @@ def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
         values = (None,)
     elif dtype == torch.bool:
         values = ("bools",)
+    elif slot.facts.columns:  # entries of distinct index columns: n, then a few
+        return ((0, ("columns", n)), (0, ("columns", max(2, n // 4))))
     else:
         values = ((-1, n), (0, n), (0, max(2, n // 4)), (0, 1))
+    if slot.facts.view:  # in the shape it is viewed in
+        return tuple((0, v) for v in values)
     wider = (1,) if slot.facts.fixed_rank is None and not slot.facts.row else ()
     extras = (*wider, 0) if wider_first else (0, *wider)
     return tuple((extra, v) for extra in extras for v in values)
 
 
-def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.Tensor:
+def _tensor(
+    facts: TensorFacts, n: int, choice, gen: torch.Generator, shape: list | None = None
+) -> torch.Tensor:
     extra, values = choice
-    shape = facts.shape(n, extra)
+    shape = shape if shape is not None else facts.shape(n, extra)
     count = 1
     for s in shape:
         count *= s
@@ -290,6 +329,8 @@ def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.T
         return (torch.randn(count, generator=gen) * 2).to(facts.dtype).reshape(shape)
     if values == "bools":
         return (torch.randint(0, 2, (count,), generator=gen) == 1).reshape(shape)
+    if values[0] == "columns":
+        return _columns(facts, n, values[1], gen)
     lo, hi = values
     if len(shape) >= 2 and 1 < shape[-1] <= hi - lo:  # a table of index rows: each row distinct
         width = shape[-1]
@@ -299,6 +340,16 @@ def _tensor(facts: TensorFacts, n: int, choice, gen: torch.Generator) -> torch.T
     values = torch.arange(count) % (hi - lo) + lo
     values[-1] = hi - 1
     return values[torch.randperm(count, generator=gen)].to(facts.dtype).reshape(shape)
+
+
+def _columns(facts: TensorFacts, n: int, count: int, gen: torch.Generator) -> torch.Tensor:
+    """`count` entries of `facts.columns` indices below n, each column distinct (a rule book
+    pairs each input row with one output row: SparseConvNet's forward adds into its output
+    rows unguarded, its backward into its input rows), flat where the code reads it flat."""
+    width = facts.columns
+    made = torch.stack([torch.randperm(n, generator=gen)[:count] for _ in range(width)], 1)
+    shape = [count * width] if facts.ndim == 1 else [1] * (facts.ndim - 2) + [count, width]
+    return made.to(facts.dtype).reshape(shape)
 
 
 def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[list[int]]:
@@ -314,18 +365,18 @@ def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[lis
 
 
 def drafts(
-    slots: list[Slot], n: int, agree: bool = False, only: set | None = None
+    slots: list[Slot], n: int, agree: bool = False, only: list | None = None
 ) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
     from each slot's first choice. `agree`: floating tensors hold three values only, so that
     code acting only where two values are equal (a max-pool's backward writes where the
     output equals the input) finds ties anywhere the indices lead; and each tensor tries a
     dimension more first (rows a stride steps over: the code reads only `data_ptr`). `only`:
-    the choice indices wanted (the others are not made)."""
+    the choice indices wanted, in order (the others are not made)."""
     options = [_choices(s, n, wider_first=agree) for s in slots]
     out = []
     combos = (  # the wanted ones in the same order, however many steps away
-        sorted(only, key=lambda c: (sum(c), c))
+        only
         if only is not None
         else itertools.islice(_by_steps([len(o) for o in options]), MAX_DRAFTS)
     )
@@ -333,12 +384,10 @@ def drafts(
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
-            if slot.kind == "tensor":
-                made = _tensor(slot.facts, n, opts[k], gen)
-                if agree and made.is_floating_point():
-                    ties = torch.randint(-1, 2, made.shape, generator=gen) * 0.5
-                    made = ties.to(made.dtype)
-                args.append(made)
+            if slot.kind == "tensor" and slot.facts.view:
+                args.append(None)  # made once the numbers its shape reads are
+            elif slot.kind == "tensor":
+                args.append(_drafted(slot.facts, n, opts[k], gen, agree))
             elif slot.kind == "intlists":
                 args.append(_groups(slot.width, n, opts[k], gen))
             elif slot.kind == "float":
@@ -348,10 +397,24 @@ def drafts(
         for i, slot in enumerate(slots):
             if slot.kind == "product":
                 args[i] = math.prod(args[f] for f in slot.factors)
-            elif slot.kind == "count":  # as many entries as the tensor holds
+        for i, (slot, opts, k) in enumerate(zip(slots, options, combo, strict=True)):
+            if slot.kind == "tensor" and slot.facts.view:
+                shape = [n if d[0] == "n" else d[1] if d[0] == "literal" else args[d[1]]
+                         for d in slot.facts.view]  # fmt: skip
+                args[i] = _drafted(slot.facts, n, opts[k], gen, agree, shape)
+        for i, slot in enumerate(slots):
+            if slot.kind == "count":  # as many entries as the tensor holds
                 args[i] = args[slot.factors[0]].numel() // slot.width
         out.append((combo, args))
     return out
+
+
+def _drafted(facts, n, choice, gen, agree, shape=None) -> torch.Tensor:
+    made = _tensor(facts, n, choice, gen, shape)
+    if agree and made.is_floating_point():
+        ties = torch.randint(-1, 2, made.shape, generator=gen) * 0.5
+        made = ties.to(made.dtype)
+    return made
 
 
 def _by_steps(counts: list[int]):
@@ -405,6 +468,7 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
                     read_facts(code, names[i], facts, aliases)
         slots.append(Slot(kind, facts))
     products(slots, texts)
+    views(slots, texts)
     return slots if any(s.kind == "tensor" for s in slots) else None
 
 
@@ -505,7 +569,7 @@ def probed_calls(
         more = [
             (t, c, a)
             for t in tiles
-            for c, a in drafts(slots, t, agree, only={_at_size(slots, c, n, t) for n, c in clean})
+            for c, a in drafts(slots, t, agree, only=_tile_combos(slots, clean, t))
             if _elements(a) <= MAX_TILE_ELEMENTS
         ]
         tile_verdicts = _verdicts_of(module, name, tiles, more)
@@ -519,6 +583,20 @@ def probed_calls(
         for n in (*sizes, *tiles)
         if rank < len(held.get(n, []))
     ]
+
+
+def _tile_combos(slots: list[Slot], clean: list[tuple[int, tuple]], to: int) -> list[tuple]:
+    """The drafts that ran clean, made at size `to`, best first; each followed by itself with
+    every other count of entries of a rule book (of whole tiles, a kernel over tiles runs; of
+    a few, the one for the rest: SparseConvNet's forwardA and forwardB)."""
+    made = sorted({_at_size(slots, c, n, to) for n, c in clean}, key=lambda c: (sum(c), c))
+    counted = [i for i, s in enumerate(slots) if s.kind == "tensor" and s.facts.columns]
+    out = []
+    for combo in made:
+        out.append(combo)
+        for i in counted:
+            out += [(*combo[:i], k, *combo[i + 1 :]) for k in range(len(_choices(slots[i], to)))]
+    return list(dict.fromkeys(out))
 
 
 def _at_size(slots: list[Slot], combo: tuple, n: int, to: int) -> tuple:

