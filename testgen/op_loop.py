@@ -26,7 +26,7 @@ from miner.textprep import IDENT, bracket_end, split_top
 from testgen.argmap import call_args, names_in, plain_name
 from testgen.grad_reference import grad_base
 from testgen.group_twin import _LOOPS, groups_index
-from testgen.probe_inputs import group_width
+from testgen.probe_slots import group_width
 from wrappers.opmap import TWINS
 
 _DEFINITION = re.compile(

@@ -12,7 +12,8 @@ from test_reference import _adapted_candidate, _built
 from miner.candidate import Reference
 from miner.discover import discover
 from testgen.op_loop import definitions
-from testgen.probe_inputs import Slot, drafts, slots_for
+from testgen.probe_inputs import drafts
+from testgen.probe_slots import Slot, slots_for
 from testgen.reference import RepoRefs, find_reference, locate
 
 TYPES = (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testgen.probe_inputs import KEEP, TensorFacts, drafts, probed_calls, read_facts, slots_for
+from testgen.probe_inputs import KEEP, drafts, probed_calls
+from testgen.probe_slots import TensorFacts, read_facts, slots_for
 
 LABEL = """
 at::Tensor scatter_rows_cuda(const at::Tensor feats, const at::Tensor idx,
@@ -148,7 +149,7 @@ def test_a_string_parameter_tries_the_modes_the_code_names():
     """pytorch_sparse's spmm_value_bw takes `std::string reduce`, read through a dispatch
     macro's table of words; a comparison names a mode too. A string the code names no word
     for is no draft."""
-    from testgen.probe_inputs import string_modes
+    from testgen.probe_slots import string_modes
 
     table = 'const std::map<std::string, R> reduce2REDUCE = {\n  {"sum", SUM}, {"mean", MEAN},\n};'
     code = table + '\nif (reduce == "max") {}\nTORCH_CHECK(false, "bad reduce");'
@@ -216,7 +217,8 @@ def test_a_list_of_index_groups_is_drafted_as_wide_as_the_code_counts_its_entrie
     wide as the loop over it counts them (`r.size() / 2`), each index column of a group
     distinct (a kernel writing each output once a group would race on a repeated one) and
     below n; where no code says the width, no draft."""
-    from testgen.probe_inputs import _groups, group_width
+    from testgen.probe_inputs import _groups
+    from testgen.probe_slots import group_width
 
     params = [("at::Tensor", "feats"), ("std::vector<std::vector<int32_t>>", "_rules")]
     code = "for (auto &r : _rules) {\n  Int nHot = r.size() / 2;\n  f(feats, &r[0], nHot);\n}"
