@@ -129,9 +129,13 @@ def _columns(facts: TensorFacts, n: int, count: int, gen: torch.Generator) -> to
     pairs each input row with one output row: SparseConvNet's forward adds into its output
     rows unguarded, its backward into its input rows), flat where the code reads it flat."""
     width = facts.columns
-    made = torch.stack([torch.randperm(n, generator=gen)[:count] for _ in range(width)], 1)
     shape = [count * width] if facts.ndim == 1 else [1] * (facts.ndim - 2) + [count, width]
-    return made.to(facts.dtype).reshape(shape)
+    return _entries(width, n, count, gen).to(facts.dtype).reshape(shape)
+
+
+def _entries(width: int, n: int, count: int, gen: torch.Generator) -> torch.Tensor:
+    """`count` entries (rows) of `width` indices below n, each column distinct."""
+    return torch.stack([torch.randperm(n, generator=gen)[:count] for _ in range(width)], 1)
 
 
 def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[list[int]]:
@@ -139,11 +143,7 @@ def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[lis
     distinct (a rule book's group pairs each input row with one output row: a kernel that
     writes each output once per group would race on a repeated one), flattened per group."""
     groups, count = choice
-    out = []
-    for _ in range(groups):
-        columns = [torch.randperm(n, generator=gen)[:count] for _ in range(width)]
-        out.append(torch.stack(columns, 1).reshape(-1).tolist())
-    return out
+    return [_entries(width, n, count, gen).reshape(-1).tolist() for _ in range(groups)]
 
 
 def drafts(

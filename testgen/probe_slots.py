@@ -31,6 +31,7 @@ _SCALAR_NAMES = {
     "Half": torch.float16, "Bool": torch.bool, "Byte": torch.uint8,
 }  # fmt: skip
 _DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"
+_VIEWED = r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}"  # a view of its data in {dims}
 
 
 @dataclass
@@ -104,7 +105,7 @@ def read_facts(
         facts.rank = max(facts.rank, int(m[1]) + 2)  # to reach dim k + 1 (a row's stride)
     if re.search(member + r"eq\s*\(\s*0\s*\)\s*\.\s*all\s*\(", code):
         facts.zeros = True
-    for m in re.finditer(member + r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}", code):
+    for m in re.finditer(member + _VIEWED, code):
         facts.rank = max(facts.rank, len(split_top(m[1])))  # a view of its data as k dims
     for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):
         facts.rank = max(facts.rank, int(m[1]) + 1)
@@ -200,9 +201,6 @@ def views(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
             named = dims and None not in dims and any(d[0] == "slot" for d in dims)
             if named and sum(d[0] == "n" for d in dims) <= 1:
                 facts.view = dims
-
-
-_VIEWED = r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}"
 
 
 def _view_dim(text: str, index: dict, slots: list[Slot]) -> tuple | None:
