@@ -36,7 +36,8 @@ def pointer_adapter(
     function is kminer's adapter over a launcher that takes device pointers (wrappers.adapter):
     the repository's code starts at the launcher, whose parameters the adapter keeps by name.
     None when the label exposes no adapter; a reason when its parameters are not the
-    launcher's (an object built from its constructor's arguments). `launcher_item`: the
+    launcher's (an object built from its constructor's arguments); the device buffers the
+    launcher stages host data in are the adapter's own (wrappers.staging). `launcher_item`: the
     launcher's definition where it is no host function (a kernel adapted alone)."""
     exposed, launcher = (cand.wrapper.functions or [""])[0], cand.wrapper.launcher
     if not (exposed and launcher and label_text) or exposed in refs.defs:
@@ -48,7 +49,8 @@ def pointer_adapter(
     l_sig = refs.signature(item) if item else None
     if sig is None or l_sig is None:
         return None
-    if [n for _, n in sig.params] != [n for _, n in l_sig.params]:
+    mine, theirs = [n for _, n in sig.params], iter(n for _, n in l_sig.params)
+    if not all(n in theirs for n in mine):  # not in order, the buffers it stages left out
         return f"{exposed} builds objects {launcher} takes: no reference takes its arguments"
     end = _matching_brace(label_text, label_text.index("{", at.end()))
     return item, sig, label_text[at.start() : end + 1]
@@ -81,13 +83,14 @@ def pointer_reference(
     return code, "&kminer_ref::reference"
 
 
-def twin_reference(cpu: Signature, qualified: str) -> tuple[str, str] | None:
+def twin_reference(cpu: Signature, qualified: str, aliases: str = "") -> tuple[str, str] | None:
     """(C++ code, what `m.def("reference", ...)` binds) for a kernel's CPU twin
     (wrappers.kernel_twin): an adapter of its own over the same tensors, numbers and flags. A
     twin of `float *` rejects a double tensor (`data_ptr<float>`): that case has no reference.
-    None when the twin takes what no tensor, number or flag gives."""
+    None when the twin takes what no tensor, number or flag gives. `aliases`: code declaring
+    the types its parameters are spelled in (`using Int = int32_t;`)."""
     plain = Signature(cpu.name, qualified, cpu.returns, cpu.params, cpu.template)
-    made = adapt(plain, "", ("float", "double"))
+    made = adapt(plain, aliases, ("float", "double"))
     if made is None:
         return None
     sig, text = made

@@ -40,6 +40,7 @@ from miner.sources import GPU_SOURCE
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
 from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from testgen.call_site_twin import call_site_twin
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
 from testgen.op_loop import op_loop
@@ -96,6 +97,7 @@ def cpu_env() -> MacroEnv:
 @dataclass
 class Located:
     mechanism: str  # registry | sibling | direct | twin | group twin | device branch | kernel twin
+    # | op loop | call-site twin
     cpu: Item  # the CPU function's definition
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
@@ -374,6 +376,24 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             )
         if lifted:
             reasons.append(lifted)
+        launcher_params = refs.params_of(e_item.names[0]) or []
+        kept = [i for i, n in enumerate(launcher_params) if n in params]
+        found = call_site_twin(refs, paths, e_item.names[0], kept, _host_side)
+        if found is not None:
+            twin, op = found
+            _, aliases = render_host_code(cpu_closure(refs, twin), refs.disc.models)
+            code = twin_reference(refs.signature(twin), qualified(twin), aliases)
+            if code is not None and not _only_raises(refs.body(twin)):
+                return Located(
+                    "call-site twin",
+                    twin,
+                    sig,
+                    params,
+                    op.names[0],
+                    "",
+                    adapter_text,
+                    twin_code=code,
+                )
     host = _device_branch(refs, e_item, sig) if not adapted else None
     if isinstance(host, Located):  # 5. the launcher's own CPU branch (device_branch)
         return host
@@ -513,7 +533,7 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
-    if loc.mechanism == "kernel twin":
+    if loc.mechanism in ("kernel twin", "call-site twin"):
         code, target = loc.twin_code
     elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper

@@ -17,6 +17,7 @@ import re
 
 from wrappers.bound_class import BoundClass, construct, object_type
 from wrappers.signature import Signature, bindable_type
+from wrappers.staging import staging
 
 _INTEGRAL = frozenset(
     "int int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t long short unsigned "
@@ -63,6 +64,20 @@ def _arith(core: str, names: dict[str, str]) -> str:
 
 
 _SCALAR_TYPES = {"float": "at::kFloat", "double": "at::kDouble"}
+_VECTOR = re.compile(r"(?:std::)?vector\s*<\s*(.+?)\s*>")
+
+
+def _rows(ptype: str, names: dict[str, str]) -> tuple[str, bool] | None:
+    """(element type, nested) for a `const` reference to a vector of numbers, or to a vector
+    of such rows (SparseConvNet's `const RuleBook &`, `std::vector<std::vector<Int>>`), read
+    from a tensor: its numbers, as one row."""
+    core = " ".join(ptype.split())
+    if not (core.startswith("const ") and core.endswith("&")) or "*" in core:
+        return None
+    m = _VECTOR.fullmatch(_resolved(core[len("const ") : -1].strip(), names))
+    inner = _VECTOR.fullmatch(m.group(1)) if m else None
+    elem = inner.group(1) if inner else (m.group(1) if m else "")
+    return (elem, bool(inner)) if elem and _arith(elem, names) == "int" else None
 
 
 def adapt(
@@ -90,6 +105,8 @@ def adapt(
     else:
         return None
     params, call, dispatch, prelude = [], [], "", ""
+    staged = staging(code, sig.name, sig.params) if code else None
+    buffers: list[tuple[str, str]] = []
     for i, (ptype, pname) in enumerate(sig.params):
         name = pname or f"arg{i}"
         core = " ".join(re.sub(r"\b(const|volatile|__restrict__|__restrict)\b", " ", ptype).split())
@@ -109,8 +126,30 @@ def adapt(
                 elem = base
             else:
                 return None
+            if staged and name in staged.buffers:  # made here: its size is the copy's
+                buffers.append((name, staged.buffers[name]))
+                call.append(f"reinterpret_cast<{elem} *>(kminer_{name}.data_ptr())")
+                continue
             params.append(("at::Tensor", name))
+            if staged and name in staged.host_in:  # the launcher copies it from the host
+                prelude += f"  auto kminer_{name} = {name}.to(at::kCPU).contiguous();\n"
+                call.append(f"kminer_{name}.data_ptr<{elem}>()")
+                continue
             call.append(f"{name}.data_ptr<{elem}>()")
+            continue
+        rows = _rows(ptype, names)
+        if rows:  # a container of numbers the caller filled: a tensor's numbers here
+            elem, nested = rows
+            params.append(("at::Tensor", name))
+            prelude += (
+                f"  auto kminer_{name}_t = {name}.contiguous();\n"
+                f"  std::vector<{elem}> kminer_{name}_row(kminer_{name}_t.data_ptr<{elem}>(),\n"
+                f"      kminer_{name}_t.data_ptr<{elem}>() + kminer_{name}_t.numel());\n"
+            )
+            if nested:
+                row = f"kminer_{name}_row"
+                prelude += f"  std::vector<std::vector<{elem}>> kminer_{name}{{{row}}};\n"
+            call.append(f"kminer_{name}" if nested else f"kminer_{name}_row")
             continue
         if "*" in core or "&" in core:
             return None
@@ -128,6 +167,17 @@ def adapt(
         call.append(f"static_cast<{target}>({name})")
     if typenames and not dispatch:
         return None
+    host = staged.host_in if staged else set()
+    on = next((n for t, n in params if t == "at::Tensor" and n not in host), "")
+    if buffers and not on:
+        return None
+    for name, (size, src) in buffers:
+        data = f"kminer_{src}.view(at::kByte).reshape(-1)"
+        prelude += (
+            f"  auto kminer_{name} = at::empty({{std::max<int64_t>(static_cast<int64_t>({size}), "
+            f"{data}.numel())}}, {on}.options().dtype(at::kByte));\n"
+            f"  kminer_{name}.narrow(0, 0, {data}.numel()).copy_({data});\n"
+        )
     adapter = f"kminer_{sig.name}"
     decl = ", ".join(f"{t} {n}" for t, n in params)
     args = ", ".join(call)
