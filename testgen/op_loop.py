@@ -175,7 +175,7 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
     """The helper lifting `cpu`'s loop over the rule book `args[groups]` gives the launcher."""
     cuda_defs = definitions(cuda_body)
     source = _flat(_expand(args[groups], cuda_defs))
-    cpu_code, cpu_text = refs.body(cpu), refs.text(cpu)
+    cpu_code = refs.body(cpu)
     cpu_defs = definitions(cpu_code)
     rules = next((n for n, (e, *_) in cpu_defs.items() if _flat(e) == source), None)
     if rules is None:
@@ -186,6 +186,21 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
     end = bracket_end(cpu_code, loop.end() - 1, "{", "}")
     if not end:
         return f"{cpu.names[0]}'s loop over {rules} does not close"
+    return lift_span(
+        refs, launcher, params, groups, cuda_body, args, cpu, (loop.start(), end), rules
+    )
+
+
+def lift_span(
+    refs, launcher, params, groups, cuda_body, args, cpu, span: tuple[int, int], rules: str = ""
+) -> tuple[str, str, list[str]] | str:
+    """The helper running the CPU op's code at `span` of its body (a loop over the rule book
+    `rules`, a statement) on the CPU op's tensors rebuilt from the launcher's arguments `args`
+    (as the CUDA op `cuda_body` passes them), with the declarations before it that it reads."""
+    cuda_defs = definitions(cuda_body)
+    cpu_code, cpu_text = refs.body(cpu), refs.text(cpu)
+    cpu_defs = definitions(cpu_code)
+    start, end = span
     tensors: dict[str, str] = {}  # CPU op tensor -> the launcher parameter holding its data
     passed: list[tuple[str, str]] = []  # (flattened expression over the op's tensors, param)
     sizes: dict[str, dict[int, str]] = {}
@@ -223,9 +238,9 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
                 if other in sizes:
                     sizes[tensor] = dict(sizes[other])
     tail = _RETURN.search(cpu_code, end)
-    kept = _kept_definitions(cpu_defs, cpu_code[loop.start() : end], tail, rules, loop.start())
+    kept = _kept_definitions(cpu_defs, cpu_code[start:end], tail, rules, start)
     lifted = "".join(f"  {cpu_text[s:e].strip()}\n" for s, e in kept)
-    lifted += f"  {cpu_text[loop.start() : end].strip()}\n"
+    lifted += f"  {cpu_text[start:end].strip()}\n"
     l_sig = refs.signature(launcher)
     if l_sig and l_sig.returns.strip() != "void":
         if not tail:

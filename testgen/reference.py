@@ -43,8 +43,10 @@ from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_a
 from testgen.call_site_twin import call_site_twin
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
+from testgen.guarded_twin import guarded_twin
 from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
+from wrappers.adapter import aliases
 from wrappers.kernel_twin import twin_names
 from wrappers.legacy import header_lines, modernize
 from wrappers.mined import LauncherIndex
@@ -97,7 +99,7 @@ def cpu_env() -> MacroEnv:
 @dataclass
 class Located:
     mechanism: str  # registry | sibling | direct | twin | group twin | device branch | kernel twin
-    # | op loop | call-site twin
+    # | op loop | guarded twin | call-site twin
     cpu: Item  # the CPU function's definition
     exposed: Signature  # the label's first exposed function
     args: list[str]  # the CPU call's arguments, over the exposed function's parameters
@@ -376,6 +378,16 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             )
         if lifted:
             reasons.append(lifted)
+        guarded = guarded_twin(refs, e_item, sig.params, paths, _host_side)
+        if isinstance(guarded, tuple):
+            op, helper_name, helper, called = guarded
+            closure = _closure_of(refs, called, op)
+            helper = _label_aliases(label_text, helper + adapter_text) + helper
+            via = e_item.names[0]
+            pair = (helper_name, helper)
+            return Located("guarded twin", op, sig, params, via, "", adapter_text, pair, closure)
+        if guarded:
+            reasons.append(guarded)
         launcher_params = refs.params_of(e_item.names[0]) or []
         kept = [i for i, n in enumerate(launcher_params) if n in params]
         found = call_site_twin(refs, paths, e_item.names[0], kept, _host_side)
@@ -460,6 +472,13 @@ def _twin_of(cpu: str, names: set[str]) -> bool:
     return any(n.replace(a, b) == cpu for n in names for a, b in TWINS)
 
 
+def _label_aliases(label_text: str, code: str) -> str:
+    """The label's own type aliases that `code` reads (`using Int = int32_t;`: a repository
+    with one alias per build reads the one its label was built with)."""
+    used = set(re.findall(r"[A-Za-z_]\w*", code))
+    return "".join(f"using {k} = {v};\n" for k, v in aliases(label_text).items() if k in used)
+
+
 def _closure_of(refs: RepoRefs, names: list[str], op: Item) -> Closure:
     """The closure of the repository functions a lifted loop calls (not of the op around it,
     whose Metadata-like objects the loop never touches), as one unit; empty when it calls none."""
@@ -542,10 +561,11 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
             loc.exposed.name,
             cand.wrapper.launcher,
             helper_name or cpu,
-            tensors=loc.mechanism == "op loop",
+            tensors=loc.mechanism in ("op loop", "guarded twin"),
         )
         why = {
             "op loop": f"{cpu}'s loop over the rule book its CUDA twin hands the launcher",
+            "guarded twin": f"{cpu}'s statement under the condition its CUDA twin launches under",
             "group twin": f"{cpu} takes one group; the CPU op's loop over groups",
         }.get(loc.mechanism, "")
         code = f"// kminer: {why}\n{helper}{code}" if helper else code
