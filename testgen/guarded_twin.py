@@ -83,7 +83,8 @@ def guarded_twin(
             for cpu_terms, start, end in _guarded(cpu_body):
                 if not terms <= cpu_terms or not _single_statement(cpu_body, start, end):
                     continue
-                found = lift_span(refs, launcher, params, None, body, args, item, (start, end))
+                span = (start, end)
+                found = lift_span(refs, launcher, params, None, body, args, item, span, "", True)
                 if isinstance(found, tuple):
                     return (item, *found)
                 why = why or found

@@ -192,11 +192,21 @@ def lift(refs, launcher, params, groups, cuda_body, args, cpu) -> tuple[str, str
 
 
 def lift_span(
-    refs, launcher, params, groups, cuda_body, args, cpu, span: tuple[int, int], rules: str = ""
+    refs,
+    launcher,
+    params,
+    groups,
+    cuda_body,
+    args,
+    cpu,
+    span: tuple[int, int],
+    rules: str = "",
+    in_place: bool = False,
 ) -> tuple[str, str, list[str]] | str:
     """The helper running the CPU op's code at `span` of its body (a loop over the rule book
     `rules`, a statement) on the CPU op's tensors rebuilt from the launcher's arguments `args`
-    (as the CUDA op `cuda_body` passes them), with the declarations before it that it reads."""
+    (as the CUDA op `cuda_body` passes them), with the declarations before it that it reads;
+    `in_place`: refusing a call on which that code resizes one of those tensors."""
     cuda_defs = definitions(cuda_body)
     cpu_code, cpu_text = refs.body(cpu), refs.text(cpu)
     cpu_defs = definitions(cpu_code)
@@ -277,10 +287,26 @@ def lift_span(
         views = [IDENT.sub(lambda m: clash.get(m[0], m[0]), v, count=1) for v in views]
         checks = IDENT.sub(lambda m: clash.get(m[0], m[0]), checks)
         lifted = IDENT.sub(lambda m: clash.get(m[0], m[0]), lifted)
+    if in_place and l_sig.returns.strip() == "void":
+        kept, lifted = _in_place([clash.get(t, t) for t in sorted(defined)], lifted)
+        checks += kept
     name = f"kminer_oploop_{launcher.names[0]}"
     called = sorted({m.group(1) for m in _CALLED.finditer(lifted)} & set(refs.defs))
     code = helper_code(name, l_sig, params, groups, "".join(views) + checks + lifted)
     return name, code, called
+
+
+def _in_place(tensors: list[str], lifted: str) -> tuple[str, str]:
+    """(lines noting each tensor's shape, the lifted code followed by checks that it kept
+    them): a launcher writes through its pointers in place, so a statement that resizes a
+    tensor rebuilt from one (`at::sum_out` into a bias gradient drafted as long as a flat
+    `d_output_features`) computes what no launch can, and the draft is refused."""
+    before = "".join(f"  const auto kminer_sizes_{t} = {t}.sizes().vec();\n" for t in tensors)
+    after = "".join(
+        f'  TORCH_CHECK({t}.sizes().vec() == kminer_sizes_{t}, "kminer: {t} resized");\n'
+        for t in tensors
+    )
+    return before, lifted + after
 
 
 _TYPENAME = re.compile(r"\b(?:typename|class)\s+([A-Za-z_]\w*)")
