@@ -17,42 +17,30 @@ from __future__ import annotations
 import re
 
 from testgen.argmap import call_args
-from wrappers.opmap import TWINS
+from testgen.op_loop import cpu_twins, definitions
 
-_DEFINED = re.compile(
-    r"(?:\bauto|[\w:]+(?:<[^<>;{}]*>)?)\s*[*&]?\s+([A-Za-z_]\w*)\s*=\s*([^;{}]+);"
-)
 _CALL = re.compile(r"(?<![\w.>:])([A-Za-z_]\w*)\s*(?:<[^<>;{}()]*>)?\s*\(")
 
 
-def _definitions(body: str) -> dict[str, str]:
-    """Locals a body defines once (`auto iF = input_features.data_ptr<T>();`): name → value."""
-    seen: dict[str, str] = {}
-    twice: set[str] = set()
-    for m in _DEFINED.finditer(body):
-        name, value = m.group(1), " ".join(m.group(2).split())
-        if name in seen:
-            twice.add(name)
-        seen[name] = value
-    return {k: v for k, v in seen.items() if k not in twice}
+def _locals(body: str) -> dict[str, str]:
+    """Locals a body defines (`auto iF = input_features.data_ptr<T>();`): name → value."""
+    return {name: " ".join(init.split()) for name, (init, *_) in definitions(body).items()}
 
 
 def _normal(expr: str, local: dict[str, str]) -> str:
     """An argument with the caller's locals replaced by their values, without spaces; the
     address of a container's first number is the container (`&_rules[0][0]`: `_rules`, which
     the CPU twin takes as its `const RuleBook &`)."""
-    expr = " ".join(expr.split())
-    if expr in local:
-        expr = local[expr]
     expr = re.sub(r"\s+", "", expr)
     first = re.fullmatch(r"&([A-Za-z_]\w*)(?:\[0\])+", expr)
-    return first.group(1) if first else expr
+    expr = first.group(1) if first else expr
+    return re.sub(r"\s+", "", local.get(expr, expr))
 
 
 def call_site_twin(refs, paths: list, launcher: str, kept: list[int], host_side) -> tuple | None:
     """(the CPU function, its caller) called in a CPU twin of a function calling `launcher`
     with the arguments the launcher gets at positions `kept` (those the adapter binds), or
-    None. Each twin found by the repository's CUDA → CPU naming (wrappers.opmap.TWINS)."""
+    None. Each twin found by the repository's CUDA → CPU naming (op_loop.cpu_twins)."""
     for path in paths:
         if len(path) < 2:
             continue
@@ -61,13 +49,9 @@ def call_site_twin(refs, paths: list, launcher: str, kept: list[int], host_side)
         args = call_args(body, launcher)
         if args is None or len(args) <= max(kept, default=-1):
             continue
-        local = _definitions(body)
+        local = _locals(body)
         wanted = [_normal(args[i], local) for i in kept]
-        for a, b in TWINS:
-            name = caller.names[0].replace(a, b)
-            twin = refs.definition(name, host_side=True) if name != caller.names[0] else None
-            if twin is None or not host_side(twin):
-                continue
+        for twin in cpu_twins(refs, caller, host_side):
             found = _matching_call(refs, refs.body(twin), wanted, host_side)
             if found is not None:
                 return found, twin
@@ -76,7 +60,7 @@ def call_site_twin(refs, paths: list, launcher: str, kept: list[int], host_side)
 
 def _matching_call(refs, body: str, wanted: list[str], host_side):
     brace = body.find("{")
-    local = _definitions(body)
+    local = _locals(body)
     for m in _CALL.finditer(body, max(brace, 0)):
         name = m.group(1)
         item = refs.definition(name, host_side=True)

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from miner.filemodel import Item
 from miner.textprep import blank_comments_and_strings, bracket_end
 from testgen.argmap import call_args
-from testgen.op_loop import lift_span
-from wrappers.opmap import TWINS
+from testgen.op_loop import cpu_twins, lift_span
 
 _IF = re.compile(r"\bif\s*\(")
 _AND = re.compile(r"&&|\band\b")
@@ -74,11 +73,7 @@ def guarded_twin(
         terms = guards[-1][0] if guards else set()
         if not terms or not all(".numel()" in t for t in terms):
             continue
-        for a, b in TWINS:
-            twin = caller.names[0].replace(a, b)
-            item = refs.definition(twin, host_side=True) if twin != caller.names[0] else None
-            if item is None or not host_side(item):
-                continue
+        for item in cpu_twins(refs, caller, host_side):
             cpu_body = refs.body(item)
             for cpu_terms, start, end in _guarded(cpu_body):
                 if not terms <= cpu_terms or not _single_statement(cpu_body, start, end):

@@ -98,16 +98,24 @@ def op_loop(
         args = call_args(refs.body(caller), launcher.names[0])
         if args is None or len(args) != len(params):
             continue
-        for a, b in TWINS:
-            twin = caller.names[0].replace(a, b)
-            item = refs.definition(twin, host_side=True) if twin != caller.names[0] else None
-            if item is None or not host_side(item):
-                continue
+        for item in cpu_twins(refs, caller, host_side):
             found = lift(refs, launcher, params, groups, refs.body(caller), args, item)
             if isinstance(found, tuple):
                 return (item, *found)
             why = why or found
     return why
+
+
+def cpu_twins(refs, caller: Item, host_side: Callable[[Item], bool]) -> list[Item]:
+    """The host-side definitions named as `caller`'s CPU twins by the repository's CUDA → CPU
+    naming (wrappers.opmap.TWINS: `cuda_Convolution_updateOutput`, `cpu_...`)."""
+    out = []
+    for a, b in TWINS:
+        name = caller.names[0].replace(a, b)
+        item = refs.definition(name, host_side=True) if name != caller.names[0] else None
+        if item is not None and host_side(item):
+            out.append(item)
+    return out
 
 
 def _one_group(refs, launcher: Item, params: list, paths: list, host_side) -> tuple | str | None:
