@@ -4,17 +4,17 @@ An op that reads index tensors has no valid call by rule: torchsparse's `count_c
 `out[idx[i]]` and `voxelize_forward_cuda(inputs, idx, counts)` reads `counts[idx[i]]`, and an index
 past its table is undefined behaviour in the kernel and in the reference alike. The CPU
 implementation the test compares with knows the contract, though, and built with AddressSanitizer
-it reports the first read or write outside a tensor. So calls are drafted from the host
-function's signature and the code around it (each tensor's dtype and rank as the code reads them,
-a size the code checks against a number, every other size the same n, each integer tensor holding
-every value of a range, a table's rows each distinct (a kernel writing through a row of indices
-would race on a repeated one), each integer a size or a small count, each flag either way, each
-string a mode the code names) and run
-through that build in the sandbox (standalone/probe.py). A draft counts when it ran without a
-report, an exception or a crash and wrote something not zero; the first KEEP such drafts in order
-of preference (the widest ranges, the size itself) are kept at each n, so an op of integer
-tensors alone (no dtype to vary) still gets enough cases over three shapes when the GPU finds
-some of them invalid.
+it reports the first read or write outside a tensor. So calls are drafted from the host function's
+signature and the code around it (each tensor's dtype and rank as the code reads them, a size the
+code checks against a number, every other size the same n, each integer tensor holding every value
+of a range, a table's rows each distinct (a kernel writing through a row of indices would race on a
+repeated one), a table of rows that each start with a count a partition of the indices (each listed
+once in the whole table), each integer a size or a small count, each flag either way, each string a
+mode the code names) and run through that build in the sandbox (standalone/probe.py). A draft
+counts when it ran without a report, an exception or a crash and wrote something not zero; the
+first KEEP such drafts in order of preference (the widest ranges, the size itself) are kept at each
+n, so an op of integer tensors alone (no dtype to vary) still gets enough cases over three shapes
+when the GPU finds some of them invalid.
 
 `KMINER_PROBE=off` turns the probe off (each probed op costs an ASan build, ~30 s of g++).
 
@@ -82,7 +82,9 @@ def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
     if slot.kind != "tensor":
         return (None,)
     dtype = slot.facts.dtype
-    if dtype.is_floating_point:
+    if slot.facts.counted is not None:  # counted rows of indices below n, then a few
+        values = (("counted", n), ("counted", max(2, n // 4)), ("counted", 1))
+    elif dtype.is_floating_point:
         values = (None,)
     elif dtype == torch.bool:
         values = ("bools",)
@@ -138,6 +140,21 @@ def _entries(width: int, n: int, count: int, gen: torch.Generator) -> torch.Tens
     return torch.stack([torch.randperm(n, generator=gen)[:count] for _ in range(width)], 1)
 
 
+def _counted(rows: int, width: int, top: int, gen: torch.Generator) -> torch.Tensor:
+    """`rows` rows of `width` numbers, each a count at most width - 1 followed by that many
+    indices below `top`, every index in one row only (the groups of a partition: a sample's
+    active sites), until the indices run out; the other rows count none. Numbers past a row's
+    count are never read: they hold 0."""
+    table = torch.zeros(rows, width, dtype=torch.int64)
+    left = torch.randperm(top, generator=gen).tolist()
+    for row in table:
+        take = int(torch.randint(0, min(width - 1, len(left)) + 1, (1,), generator=gen))
+        row[0] = take
+        row[1 : 1 + take] = torch.tensor(left[:take], dtype=torch.int64)
+        left = left[take:]
+    return table
+
+
 def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[list[int]]:
     """Groups of `count` entries of `width` indices below n, each index column of a group
     distinct (a rule book's group pairs each input row with one output row: a kernel that
@@ -166,8 +183,8 @@ def drafts(
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
         args, floats = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
-            if slot.kind == "tensor" and slot.facts.view:
-                args.append(None)  # made once the numbers its shape reads are
+            if slot.kind == "tensor" and (slot.facts.view or slot.facts.counted is not None):
+                args.append(None)  # made once the numbers its shape or rows read are
             elif slot.kind == "tensor":
                 args.append(_drafted(slot.facts, n, opts[k], gen, agree))
             elif slot.kind == "intlists":
@@ -184,6 +201,10 @@ def drafts(
                 shape = [n if d[0] == "n" else d[1] if d[0] == "literal" else args[d[1]]
                          for d in slot.facts.view]  # fmt: skip
                 args[i] = _drafted(slot.facts, n, opts[k], gen, agree, shape)
+            elif slot.kind == "tensor" and slot.facts.counted is not None:
+                width = int(args[slot.facts.counted]) + 1  # n rows of it
+                dtype = slot.facts.dtype if not slot.facts.dtype.is_floating_point else torch.int32
+                args[i] = _counted(n, width, opts[k][1][1], gen).to(dtype)
         for i, slot in enumerate(slots):
             if slot.kind == "count":  # as many entries as the tensor holds
                 args[i] = args[slot.factors[0]].numel() // slot.width

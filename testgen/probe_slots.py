@@ -46,6 +46,8 @@ class TensorFacts:
     zeros: bool = False  # the code refuses it unless all zero (a buffer its caller clears)
     columns: int = 0  # entries of this many indices a count counts (a rule book's pairs)
     view: tuple = ()  # the shape the code views it in: ("n",), ("literal", k), ("slot", i)
+    counted: int | None = None  # slot of the number a row's width exceeds by one, where each
+    # row starts with the count of the indices that follow it
 
     @property
     def dtype(self) -> torch.dtype:
@@ -212,6 +214,34 @@ def _view_dim(text: str, index: dict, slots: list[Slot]) -> tuple | None:
     return ("slot", k) if k is not None and slots[k].kind in ("int", "product") else None
 
 
+def counted_rows(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
+    """Tables of rows each starting with the count of the indices that follow, a row of a
+    width one more than a number the code takes (SparseConvNet's active pooling: `const Int *r
+    = &rules[0][outSite * (maxActive + 1)]; Int nActive = *r++;`, each row a sample's sites):
+    drafted in rows of that width, each count at most the number, every index once in the
+    table (a kernel that writes the indexed rows plainly would race on a repeated one)."""
+    for code, names in texts:
+        index = {n: i for i, n in enumerate(names) if i < len(slots) and n}
+        for name, i in index.items():
+            if slots[i].kind != "tensor" or slots[i].facts.counted is not None:
+                continue
+            n = re.escape(name)
+            row = (  # `r = &rules[0][k * (width + 1)]`, `r = &rules[k * (width + 1)]`
+                rf"(\w+)\s*=\s*&\s*{n}\s*(?:\[\s*0\s*\]\s*)?"
+                r"\[\s*\w+\s*\*\s*\(\s*(\w+)\s*\+\s*1\s*\)\s*\]"
+            )
+            for m in re.finditer(row, code):
+                width = index.get(m[2])
+                count = rf"\b\w+\s+\w+\s*=\s*\*\s*{re.escape(m[1])}\s*\+\+"
+                if (
+                    width is not None
+                    and slots[width].kind == "int"
+                    and re.search(count, code[m.end() :])
+                ):
+                    slots[i].facts.counted = width
+                    break
+
+
 def group_width(code: str, name: str) -> int | None:
     """How many indices make one entry of a group, as the code that loops over the groups
     `name` counts them (`for (auto &r : _rules) { Int nHot = r.size() / 2; ...`)."""
@@ -267,4 +297,5 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
         slots.append(Slot(kind, facts))
     products(slots, texts)
     views(slots, texts)
+    counted_rows(slots, texts)
     return slots if any(s.kind == "tensor" for s in slots) else None

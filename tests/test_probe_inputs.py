@@ -346,3 +346,43 @@ def test_a_dispatchs_per_branch_type_name_is_no_alias():
     aliased = "using Int = int32_t;\n" + adapter.replace("data_ptr<scalar_t>", "data_ptr<Int>")
     (slot,) = slots_for([("at::Tensor", "x")], [(aliased, ["x"])])
     assert slot.facts.dtype == torch.int32
+
+
+def test_rows_that_start_with_a_count_are_drafted_as_a_partition_of_the_indices():
+    """SparseConvNet's active pooling reads, per output row, a count and then that many input
+    rows, and its backward writes each listed input row plainly: a row listed twice (in one
+    table row or two) races on the GPU. The table is drafted in rows of the width the code
+    steps by, each count within the row, every index once in the whole table."""
+    cpu = """
+void pool_bp(float *d_in, float *d_out, Int batchSize, Int maxActive, Int nPlanes,
+             const RuleBook &rules) {
+  for (Int s = 0; s < batchSize; s++) {
+    const Int *r = &rules[0][s * (maxActive + 1)];
+    Int nActive = *r++;
+    while (nActive-- > 0) {
+      float *inp = &d_in[(*r++) * nPlanes];
+      for (Int p = 0; p < nPlanes; p++) inp[p] = d_out[s * nPlanes + p];
+    }
+  }
+}
+"""
+    params = [("at::Tensor", "a"), ("at::Tensor", "b"), ("int64_t", "batch"),
+              ("int64_t", "most"), ("int64_t", "planes"), ("at::Tensor", "rules")]  # fmt: skip
+    names = ["d_in", "d_out", "batchSize", "maxActive", "nPlanes", "rules"]
+    slots = slots_for(params, [(cpu, names)])
+    assert slots[5].facts.counted == 3  # rows as wide as maxActive + 1
+    assert all(s.facts is None or s.facts.counted is None for s in slots[:5])
+    tables = 0
+    for _, args in drafts(slots, 16):
+        table, most = args[5], args[3]
+        assert table.shape == (16, most + 1)
+        counts = table[:, 0]
+        assert bool((counts >= 0).all()) and bool((counts <= most).all())
+        listed = [int(i) for row in table for i in row[1 : 1 + int(row[0])]]
+        assert len(listed) == len(set(listed))  # each index in one row, once
+        tables += bool(listed)
+        assert not table.is_floating_point()
+    assert tables > 0
+    # without the count read, rows of that stride are no counted table
+    plain = cpu.replace("Int nActive = *r++;", "Int nActive = 2;")
+    assert slots_for(params, [(plain, names)])[5].facts.counted is None
