@@ -275,14 +275,19 @@ def asan_build(source: Path, name: str, out: Path) -> Path | None:
         return out
 
 
-def _verdicts(module: Path, name: str, grouped: list, folder: Path) -> dict[int, str]:
+def _verdicts(
+    module: Path, name: str, grouped: list, folder: Path, bare: tuple = ()
+) -> dict[int, str]:
     """Each draft's verdict from standalone/probe.py (`grouped`: (group, arguments), a group
-    ending at its KEEP-th `ok`); those it did not reach in PROBE_LIMITS have none."""
+    ending at its KEEP-th `ok`); those it did not reach in PROBE_LIMITS have none. `bare`: the
+    arguments the code resizes, passed without fences (grown in place, a tensor would write
+    into its own fence: SparseConvNet's output_features.resize_ for a taller input)."""
     data = folder / "drafts.pt"
     torch.save(grouped, data)
     env = {"LD_PRELOAD": _libasan(), "ASAN_OPTIONS": ASAN_OPTIONS, "OMP_NUM_THREADS": "1"}
     out = folder / "verdicts.jsonl"
     argv = [sys.executable, str(PROBE), str(module), name, str(data), str(out), str(KEEP)]
+    argv.append(json.dumps(list(bare)))
     sandbox.run(argv, PROBE_LIMITS, env=env, cwd=folder, readable=[module.parent])
     verdicts = {}
     for line in (sandbox.read_output(out) or b"").decode().splitlines():
@@ -315,12 +320,13 @@ def probed_calls(
     module = (cache_dir / key / f"{name}.so").resolve()
     if not module.is_file() and asan_build(reference, name, module) is None:
         return "its CPU implementation does not build with AddressSanitizer"
+    bare = tuple(i for i, s in enumerate(slots) if s.facts and s.facts.resized)
     rank = max((s.facts.ndim for s in slots if s.facts), default=1)
     sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
     floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
     for agree in (False, True):  # then, where no draft wrote, floats with ties
         flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, agree)]
-        verdicts = _verdicts_of(module, name, sizes, flat)
+        verdicts = _verdicts_of(module, name, sizes, flat, bare)
         held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
         for k, (n, _, args) in enumerate(flat):
             if verdicts.get(k) == "ok":
@@ -339,17 +345,48 @@ def probed_calls(
             for c, a in drafts(slots, t, agree, only=_tile_combos(slots, clean, t))
             if _elements(a) <= MAX_TILE_ELEMENTS
         ]
-        tile_verdicts = _verdicts_of(module, name, tiles, more)
+        tile_verdicts = _verdicts_of(module, name, tiles, more, bare)
         for k, (n, _, args) in enumerate(more):
             if tile_verdicts.get(k) == "ok":
                 held.setdefault(n, []).append(args)
+    taller: dict = {}  # tile size -> its clean drafts with a tensor a row taller
+    grown = _taller([(t, args) for t in tiles for args in held.get(t, [])[:KEEP]], agree)
+    if grown:
+        grown_verdicts = _verdicts_of(module, name, tiles, grown, bare)
+        for k, (n, _, args) in enumerate(grown):
+            if grown_verdicts.get(k) == "ok":
+                taller.setdefault(n, []).append(args)
     # each size's best draft first (the plan's first calls), then the runners-up
     return [
-        BaseCall(held[n][rank], PROBE_ORIGIN)
+        BaseCall(kept[n][rank], PROBE_ORIGIN)
+        for kept, at in ((held, (*sizes, *tiles)), (taller, tiles))
         for rank in range(KEEP)
-        for n in (*sizes, *tiles)
-        if rank < len(held.get(n, []))
+        for n in at
+        if rank < len(kept.get(n, []))
     ]
+
+
+def _taller(clean: list[tuple[int, list]], agree: bool) -> list[tuple[int, tuple, list]]:
+    """(tile size, (), arguments): each clean draft at a tile size t with one floating tensor
+    of two dimensions or more t + 1 rows tall. Square tensors hide the kernel that takes the
+    rows past the last whole tile (SparseConvNet's forwardB, launched on nActive % K rows, never
+    ran: every wrong variant of it passed) and a kernel that swaps two dimensions."""
+    out = []
+    for t, args in clean:
+        for i, a in enumerate(args):
+            if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
+                continue
+            if a.dim() < 2 or a.shape[0] != t:
+                continue
+            gen = torch.Generator().manual_seed(SEED + t + i)
+            shape = (t + 1, *a.shape[1:])
+            made = (
+                torch.randint(-1, 2, shape, generator=gen) * 0.5
+                if agree
+                else (torch.randn(shape, generator=gen) * 2)
+            )
+            out.append((t, (), [*args[:i], made.to(a.dtype), *args[i + 1 :]]))
+    return out
 
 
 def _tile_combos(slots: list[Slot], clean: list[tuple[int, tuple]], to: int) -> list[tuple]:
@@ -384,7 +421,9 @@ def _elements(args: list) -> int:
     return sum(a.numel() for a in args if isinstance(a, torch.Tensor))
 
 
-def _verdicts_of(module: Path, name: str, sizes: tuple, flat: list) -> dict[int, str]:
+def _verdicts_of(
+    module: Path, name: str, sizes: tuple, flat: list, bare: tuple = ()
+) -> dict[int, str]:
     with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
         grouped = [(sizes.index(n), args) for n, _, args in flat]
-        return _verdicts(module, name, grouped, Path(tmp))
+        return _verdicts(module, name, grouped, Path(tmp), bare)

@@ -46,6 +46,7 @@ class TensorFacts:
     zeros: bool = False  # the code refuses it unless all zero (a buffer its caller clears)
     columns: int = 0  # entries of this many indices a count counts (a rule book's pairs)
     view: tuple = ()  # the shape the code views it in: ("n",), ("literal", k), ("slot", i)
+    resized: bool = False  # the code resizes it (an output it sizes itself)
     counted: int | None = None  # slot of the number a row's width exceeds by one, where each
     # row starts with the count of the indices that follow it
 
@@ -107,6 +108,8 @@ def read_facts(
         facts.rank = max(facts.rank, int(m[1]) + 2)  # to reach dim k + 1 (a row's stride)
     if re.search(member + r"eq\s*\(\s*0\s*\)\s*\.\s*all\s*\(", code):
         facts.zeros = True
+    if re.search(member + r"resize_(?:as_)?\s*\(", code):
+        facts.resized = True
     for m in re.finditer(member + _VIEWED, code):
         facts.rank = max(facts.rank, len(split_top(m[1])))  # a view of its data as k dims
     for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):

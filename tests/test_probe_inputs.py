@@ -296,10 +296,17 @@ def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
     texts = [(LABEL, [n for _, n in PARAMS]), (REFERENCE, TWIN_NAMES)]
     calls = probed_calls(PARAMS, texts, reference, tmp_path / "probes", tile_sizes=(48,))
     assert isinstance(calls, list)
-    assert [c.args[0].shape[0] for c in calls] == [16, 7, 29, 48] * KEEP
-    for call in calls[3::4]:
+    square, taller = calls[: 4 * KEEP], calls[4 * KEEP :]
+    assert [c.args[0].shape[0] for c in square] == [16, 7, 29, 48] * KEEP
+    for call in square[3::4]:
         feats, idx, _, s = call.args
         assert feats.shape == (48, 48) and idx.min() >= 0 and idx.max() < s
+    # then each clean tile draft with its feature rows one taller than the tile (the reference
+    # reads idx.size(0) rows of them: the extra row is never read, and the draft runs clean)
+    assert taller and len(taller) <= KEEP
+    for call in taller:
+        feats, idx, _, s = call.args
+        assert feats.shape == (49, 48) and idx.shape[0] == 48
 
 
 # reads one entry of each of n rows c wide: a wrong width reads far past a 1-D tensor
@@ -386,3 +393,40 @@ void pool_bp(float *d_in, float *d_out, Int batchSize, Int maxActive, Int nPlane
     # without the count read, rows of that stride are no counted table
     plain = cpu.replace("Int nActive = *r++;", "Int nActive = 2;")
     assert slots_for(params, [(plain, names)])[5].facts.counted is None
+
+
+# sizes its output itself (SparseConvNet's output_features.resize_({nActive, nOut}))
+RESIZING_REFERENCE = r"""
+#include <torch/extension.h>
+void relu_rows_cpu(at::Tensor &x, at::Tensor &out, at::Tensor &w) {
+  out.resize_({x.size(0), w.size(1)});
+  for (int64_t i = 0; i < x.size(0); i++)
+    for (int64_t j = 0; j < w.size(1); j++) {
+      float s = 0;
+      for (int64_t k = 0; k < w.size(0); k++)
+        s += std::max(x.data_ptr<float>()[i * x.stride(0) + k], 0.f) *
+             w.data_ptr<float>()[k * w.size(1) + j];
+      out.data_ptr<float>()[i * w.size(1) + j] = s;
+    }
+}
+void kminer_bind(pybind11::module_& m) { m.def("reference", &relu_rows_cpu); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+"""
+
+
+@pytest.mark.slow
+def test_an_output_the_code_resizes_grows_unfenced_for_a_taller_input(tmp_path):
+    """At a tile size each clean draft also comes with one tensor a row taller than the tile
+    (the rows past the last whole tile go to a kernel of their own). An output the code
+    resizes to the input's rows grows in place: fenced, it would write into its own fence
+    and every taller input would be refused."""
+    reference = tmp_path / "relu_rows.cpp"
+    reference.write_text(RESIZING_REFERENCE)
+    params = [("at::Tensor &", "x"), ("at::Tensor &", "out"), ("at::Tensor &", "w")]
+    texts = [(RESIZING_REFERENCE, ["x", "out", "w"])]
+    slots = slots_for(params, texts)
+    assert slots[1].facts.resized and not slots[0].facts.resized
+    calls = probed_calls(params, texts, reference, tmp_path / "probes", tile_sizes=(48,))
+    assert isinstance(calls, list)
+    shapes = [tuple(c.args[0].shape) for c in calls]
+    assert (48, 48) in shapes and (49, 48) in shapes  # the taller input ran clean

@@ -7,11 +7,14 @@ write outside an allocation (its reports go to stderr, a file here), `raised` wi
 exception, `crashed` or `timeout`, `empty` when the call wrote nothing but zeros, else `ok`.
 A draft out of bounds may write over memory it does not own; in a child of its own, that harms
 no other draft, and a crash costs a fork, not a start of torch. Each tensor sits between
-poisoned fences (far past its end is someone else's memory, where ASan sees nothing).
+poisoned fences (far past its end is someone else's memory, where ASan sees nothing), but those
+the code resizes (grown in place, they would write into their own fence).
 
 Drafts come in groups, best first, and a group ends at its KEEP-th `ok`. Each verdict is
-appended to OUT.jsonl as it comes. Usage: python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl KEEP,
-DRAFTS a list of (group, arguments). Needs only python and torch.
+appended to OUT.jsonl as it comes. Usage:
+    python probe.py MODULE.so NAME DRAFTS.pt OUT.jsonl KEEP [BARE]
+DRAFTS a list of (group, arguments), BARE a JSON list of the argument positions not fenced.
+Needs only python and torch.
 """
 
 from __future__ import annotations
@@ -88,8 +91,11 @@ def _fenced(t: torch.Tensor, poison) -> torch.Tensor:
     return inner
 
 
-def _run_one(fn, args: list, poison) -> str:
-    args = [_fenced(a, poison) if isinstance(a, torch.Tensor) else a for a in args]
+def _run_one(fn, args: list, poison, bare: set) -> str:
+    args = [  # a loaded tensor's storage cannot grow: a resized one is a copy
+        (a.clone() if i in bare else _fenced(a, poison)) if isinstance(a, torch.Tensor) else a
+        for i, a in enumerate(args)
+    ]
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     size = os.fstat(2).st_size
     try:
@@ -100,14 +106,14 @@ def _run_one(fn, args: list, poison) -> str:
     return "asan" if _reported(size) else verdict
 
 
-def _in_child(fn, args: list, poison) -> str:
+def _in_child(fn, args: list, poison, bare: set) -> str:
     """The draft's verdict, run in a forked child (killed after DRAFT_SECONDS)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: run, answer, leave without running any cleanup
         os.close(read_end)
         try:
-            answer = _run_one(fn, args, poison)
+            answer = _run_one(fn, args, poison, bare)
         except BaseException as exc:  # a child must always answer
             answer = f"raised: {type(exc).__name__}"
         os.write(write_end, answer.encode()[:4000])
@@ -135,6 +141,7 @@ def _in_child(fn, args: list, poison) -> str:
 
 def main() -> int:
     module_path, name, drafts_path, out_path, keep = sys.argv[1:6]
+    bare = set(json.loads(sys.argv[6])) if len(sys.argv) > 6 else set()  # resized: unfenced
     torch.set_num_threads(1)  # no thread pool to lose in the children
     drafts = torch.load(drafts_path, weights_only=True)
     reports = open("asan.txt", "ab")  # noqa: SIM115 (held for the whole run, as stderr)
@@ -146,7 +153,7 @@ def main() -> int:
         for k, (group, args) in enumerate(drafts):
             if held.get(group, 0) >= int(keep):
                 continue
-            verdict = _in_child(fn, args, poison)
+            verdict = _in_child(fn, args, poison, bare)
             out.write(json.dumps({"draft": k, "verdict": verdict}) + "\n")
             out.flush()
             if verdict == "ok":
