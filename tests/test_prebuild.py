@@ -36,9 +36,11 @@ class FakeCompiler:
 
     def __init__(self):
         self.batches: list[list[str]] = []
+        self.threads: list[int] = []
 
-    def __call__(self, members, suffix, folder, timeout):
+    def __call__(self, members, suffix, folder, timeout, threads=1):
         self.batches.append([cid for cid, _ in members])
+        self.threads.append(threads)
         folder.mkdir(parents=True, exist_ok=True)
         errors = []
         for cid, text in members:
@@ -89,6 +91,17 @@ def test_heavy_sources_get_a_batch_each_built_first(tmp_path):
     keys = [f"d{prebuild.digest(f.read_bytes())}" for f in files]
     # one worker runs them in order: each heavy source alone, then the light ones together
     assert fake.batches == [[keys[4]], [keys[5]], sorted(keys[:4])]
+    assert fake.threads == [1, 1, 1]  # one job: no core to share out
+    fake = FakeCompiler()
+    prebuild.prebuild(files, tmp_path / "store8", 8, 60, compile_fn=fake, heavy=heavy)
+    # eight jobs: each heavy build's nvcc optimizes on four threads, the light batches on one
+    heavy_keys = {keys[4], keys[5]}
+    assert sorted(
+        t for t, b in zip(fake.threads, fake.batches, strict=True) if b[0] in heavy_keys
+    ) == [4, 4]
+    assert {
+        t for t, b in zip(fake.threads, fake.batches, strict=True) if b[0] not in heavy_keys
+    } == {1}
 
 
 def test_blamed_member_leaves_the_batch_and_the_rest_is_rebuilt(tmp_path):

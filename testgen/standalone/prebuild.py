@@ -16,6 +16,7 @@ whose verdict is the one that counts. Travels in the bundle beside run.py with `
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import hashlib
 import json
 import os
@@ -64,16 +65,21 @@ class Built:
     seconds: float
 
 
-def compile_batch(members: list[tuple[str, bytes]], suffix: str, folder: Path, timeout: float):
+def compile_batch(
+    members: list[tuple[str, bytes]], suffix: str, folder: Path, timeout: float, threads: int = 1
+):
     """Build `members` (id, source) as one extension in `folder`, inside the execution boundary
     (mined code: no tokens, no network, the tree ended at `timeout`); the import is part of the
-    build."""
+    build. `threads` > 1: nvcc optimizes the device code on that many threads (a heavy label's
+    hundreds of instantiations: one nvcc process on one core outlasted a device call)."""
     labels = [(cid, text.decode("latin-1")) for cid, text in members]
     source, owners = batch_source(labels, module="TORCH_EXTENSION_NAME")
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / f"batch{suffix}"
     src.write_text(source, encoding="latin-1", errors="replace")
     env = {**toolchain.extension_env(), "MAX_JOBS": "1"}
+    if threads > 1:  # nvcc reads it on every call cpp_extension makes
+        env["NVCC_APPEND_FLAGS"] = f"--split-compile={threads}"
     argv = [sys.executable, "-c", _BUILD, folder.name, str(src), str(folder)]
     limits = sandbox.Limits(seconds=timeout, memory_mb=24 << 10, processes=128)
     mine: list[int] = []
@@ -163,16 +169,20 @@ def prebuild(
             work.append(([(key, text)], path.suffix))
         else:
             groups.setdefault(path.suffix, {})[key] = text
+    # the heavy ones start first, each on its share of the cores (the light batches after them
+    # are one nvcc process each)
+    heavy_fn = functools.partial(compile_fn, threads=max(1, jobs // max(1, len(work))))
+    fns = [heavy_fn] * len(work)
     for suffix, members in groups.items():
         items = sorted(members.items())
         per = max(1, min(MAX_PER_BATCH, -(-len(items) // max(1, jobs))))
         work += [(items[i : i + per], suffix) for i in range(0, len(items), per)]
+    fns += [compile_fn] * (len(work) - len(fns))
     with cf.ThreadPoolExecutor(max_workers=max(1, min(jobs, _memory_slots()))) as pool:
         futures = [
-            pool.submit(build_group, [(f"d{k}", t) for k, t in batch], suffix, store, timeout,
-                        compile_fn)
-            for batch, suffix in work
-        ]  # fmt: skip
+            pool.submit(build_group, [(f"d{k}", t) for k, t in batch], suffix, store, timeout, fn)
+            for (batch, suffix), fn in zip(work, fns, strict=True)
+        ]
         for (batch, _), fut in zip(work, futures, strict=True):
             modules = fut.result()
             for key, _ in batch:
