@@ -202,9 +202,10 @@ def drafts(
                          for d in slot.facts.view]  # fmt: skip
                 args[i] = _drafted(slot.facts, n, opts[k], gen, agree, shape)
             elif slot.kind == "tensor" and slot.facts.counted is not None:
+                _, (_, top) = opts[k]  # ("counted", indices below top)
                 width = int(args[slot.facts.counted]) + 1  # n rows of it
                 dtype = slot.facts.dtype if not slot.facts.dtype.is_floating_point else torch.int32
-                args[i] = _counted(n, width, opts[k][1][1], gen).to(dtype)
+                args[i] = _counted(n, width, top, gen).to(dtype)
         for i, slot in enumerate(slots):
             if slot.kind == "count":  # as many entries as the tensor holds
                 args[i] = args[slot.factors[0]].numel() // slot.width
@@ -379,13 +380,9 @@ def _taller(clean: list[tuple[int, list]], agree: bool) -> list[tuple[int, tuple
             if a.dim() < 2 or a.shape[0] != t:
                 continue
             gen = torch.Generator().manual_seed(SEED + t + i)
-            shape = (t + 1, *a.shape[1:])
-            made = (
-                torch.randint(-1, 2, shape, generator=gen) * 0.5
-                if agree
-                else (torch.randn(shape, generator=gen) * 2)
-            )
-            out.append((t, (), [*args[:i], made.to(a.dtype), *args[i + 1 :]]))
+            shape = [t + 1, *a.shape[1:]]  # its floats drafted as every draft's are
+            made = _drafted(TensorFacts(dtypes=[a.dtype]), t, (0, None), gen, agree, shape)
+            out.append((t, (), [*args[:i], made, *args[i + 1 :]]))
     return out
 
 

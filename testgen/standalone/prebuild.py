@@ -154,7 +154,7 @@ def prebuild(
     store.mkdir(parents=True, exist_ok=True)
     state: dict[str, str] = {}
     groups: dict[str, dict[str, bytes]] = {}
-    work = []
+    heavy_work = []
     for path in sources:
         text = path.read_bytes()
         key = digest(text)
@@ -166,24 +166,23 @@ def prebuild(
             state[key] = "alone"
         elif path in heavy:
             state[key] = "pending"
-            work.append(([(key, text)], path.suffix))
+            heavy_work.append(([(key, text)], path.suffix))
         else:
             groups.setdefault(path.suffix, {})[key] = text
     # the heavy ones start first, each on its share of the cores (the light batches after them
     # are one nvcc process each)
-    heavy_fn = functools.partial(compile_fn, threads=max(1, jobs // max(1, len(work))))
-    fns = [heavy_fn] * len(work)
+    share = functools.partial(compile_fn, threads=max(1, jobs // max(1, len(heavy_work))))
+    work = [(batch, suffix, share) for batch, suffix in heavy_work]
     for suffix, members in groups.items():
         items = sorted(members.items())
         per = max(1, min(MAX_PER_BATCH, -(-len(items) // max(1, jobs))))
-        work += [(items[i : i + per], suffix) for i in range(0, len(items), per)]
-    fns += [compile_fn] * (len(work) - len(fns))
+        work += [(items[i : i + per], suffix, compile_fn) for i in range(0, len(items), per)]
     with cf.ThreadPoolExecutor(max_workers=max(1, min(jobs, _memory_slots()))) as pool:
         futures = [
             pool.submit(build_group, [(f"d{k}", t) for k, t in batch], suffix, store, timeout, fn)
-            for (batch, suffix), fn in zip(work, fns, strict=True)
+            for batch, suffix, fn in work
         ]
-        for (batch, _), fut in zip(work, futures, strict=True):
+        for (batch, _, _), fut in zip(work, futures, strict=True):
             modules = fut.result()
             for key, _ in batch:
                 rec = modules.get(f"d{key}")
