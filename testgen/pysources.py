@@ -26,6 +26,25 @@ def tree(path: Path) -> ast.Module | None:
     return None if key is None else _tree(*key)
 
 
+def lifted(path: Path) -> list[ast.FunctionDef]:
+    """A test file's expected values computed in line, as the functions the recorder lifts
+    them into (testgen/standalone/inline_refs.py); none for other files."""
+    key = _key(path)
+    name = path.name
+    if key is None or not (name.startswith("test") or name.endswith(("_test.py", "_tests.py"))):
+        return []
+    return _lifted(*key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lifted(path: str, size: int, mtime: int) -> list[ast.FunctionDef]:
+    from testgen.standalone import inline_refs
+
+    source = _text(path, size, mtime)
+    tree = None if source is None else _parse(source)
+    return [] if tree is None else inline_refs.lifted_functions(tree)
+
+
 def _key(path: Path) -> tuple[str, int, int] | None:
     """(path, size, time of change): a file edited since is read again."""
     try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from miner.candidate import Candidate, Reference
@@ -50,11 +50,14 @@ class Pairing:
     file: str
     params: dict = field(
         default_factory=dict
-    )  # name -> ("arg", k) | ("const", v) | ("table", k, {}) | ("list", [k...]) | ("dtype", k)
+    )  # name -> ("arg", k[, order]) | ("const", v) | ("table", k, {}) | ("list", [k...])
+    # | ("dtype", k)
     outputs: list = field(default_factory=list)  # per output: ("return",) | ("arg", k) | None
     fixed: dict = field(default_factory=dict)  # binding position -> the kind it had in the pairs
     pairs: int = 0
     arrays: list = field(default_factory=list)  # parameters the tests passed as numpy arrays
+    unchecked: list = field(default_factory=list)  # output buffers the function does not fill
+    others: list = field(default_factory=list)  # other `outputs` the pairs allow as well
 
     def covers(self, args: list) -> bool:
         if any(_kind(args[k]) != kind for k, kind in self.fixed.items() if k < len(args)):
@@ -109,7 +112,7 @@ def _signature(repo: Path, file: str, name: str) -> list[str] | None:
     tree = pysources.tree(repo / file)
     if tree is None:
         return None
-    for node in tree.body:
+    for node in [*tree.body, *pysources.lifted(repo / file)]:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             a = node.args
             if a.vararg:
@@ -124,19 +127,66 @@ def _bind(ref: RefCall, params: list[str]) -> dict | None:
     return {**dict(zip(params, ref.args, strict=False)), **ref.kwargs}
 
 
-def _tensor_sources(pairs: list, name: str) -> set[int] | None:
-    """Binding positions that hold this parameter's tensor (or None where it is None) in
-    every pair."""
+def _tensor_sources(pairs: list, name: str) -> set[tuple] | None:
+    """(binding position, None) for each argument that holds this parameter's tensor (or None
+    where it is None) in every pair; (position, order) for one that holds it with its
+    dimensions reordered (`x.permute(order)`: a wrapper that hands the extension channels
+    first, where the function takes them last)."""
     found = None
     for call, values in pairs:
         v = values.get(name)
-        here = {
-            k
-            for k, a in enumerate(call.args)
-            if (v is None and a is None) or (v is not None and _same_tensor(a, v))
-        }
+        here = set()
+        for k, a in enumerate(call.args):
+            if (v is None and a is None) or (v is not None and _same_tensor(a, v)):
+                here.add((k, None))
+            elif (order := _reordered(a, v)) is not None:
+                here.add((k, order))
         found = here if found is None else found & here
     return found
+
+
+def _reordered(a, v) -> tuple | None:
+    """The order of v's dimensions that makes it a (a different shape, same values)."""
+    import itertools
+
+    import torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor)) or a.dtype != v.dtype:
+        return None
+    if a.shape == v.shape or sorted(a.shape) != sorted(v.shape) or not 2 <= v.dim() <= 5:
+        return None
+    for order in itertools.permutations(range(v.dim())):
+        moved = v.permute(order)
+        if moved.shape == a.shape and _same_tensor(a, moved.contiguous()):
+            return order
+    return None
+
+
+def _a_size(pairs: list, k: int) -> bool:
+    """Whether binding argument k is, in every pair, the length of one same dimension of one
+    same tensor argument."""
+    where = None
+    for call, _ in pairs:
+        v = call.args[k]
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False
+        here = {
+            (t, d)
+            for t, a in enumerate(call.args)
+            if hasattr(a, "shape")
+            for d, n in enumerate(a.shape)
+            if n == v
+        }
+        where = here if where is None else where & here
+        if not where:
+            return False
+    return True
+
+
+def _blank(t) -> bool:
+    """A tensor holding no data: every element the same (an output buffer made by zeros)."""
+    flat = t.reshape(-1)
+    return bool(flat.numel()) and bool((flat == flat[0]).all())
 
 
 def _scalar_source(pairs: list, name: str):
@@ -198,38 +248,63 @@ def _list_source(calls: list, values: list, width: int):
 
 def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
     """Where each output of the function goes: returned (the host function returns tensors)
-    or into the binding's tensor argument of its shape that is no input of the function."""
+    or into the binding's tensor argument of its shape that is no input of the function, an
+    integer one for integers (knn's indices, not its distances beside them); of its shape with
+    the dimensions reordered where no argument has it as it is (a wrapper that transposes what
+    the extension wrote: ("arg", k, order) for `out.permute(order)`), one order for all pairs."""
     void = returns.strip() in ("void", "")
     single = not void and "vector" not in returns and "tuple" not in returns
     width = max(len(r.result) for _, r in pairs)
     targets: list = []
     taken: set[int] = set()
+    others: dict[int, list] = {}  # output -> the other orders its argument's shape allows
     for j in range(width):
-        free = None
+        free, floating = None, {}
         for call, ref in pairs:
             out = ref.result[j] if j < len(ref.result) else None
             if not hasattr(out, "shape"):
                 continue
             here = {
-                k
+                (k, order)
                 for k, a in enumerate(call.args)
-                if k not in used and k not in taken and hasattr(a, "shape") and a.shape == out.shape
+                if k not in used and k not in taken and hasattr(a, "shape")
+                for order in _orders(out.shape, a.shape)
             }
             free = here if free is None else free & here
+            kind = out.is_floating_point()
+            floating.update({k: call.args[k].is_floating_point() == kind for k, _ in here})
         if free is None:  # never a tensor: nothing to compare
             targets.append(None)
         elif not void and (not single or j == 0):
             targets.append(("return",))
         elif free:
-            taken.add(min(free))
-            targets.append(("arg", min(free)))
+            k, order = min(free, key=lambda t: (not floating.get(t[0], True), t[1] is not None, t))
+            taken.add(k)
+            targets.append(("arg", k) if order is None else ("arg", k, list(order)))
+            others[j] = [("arg", k, list(o)) for kk, o in sorted(free, key=str) if kk == k and o]
+            others[j] = [t for t in others[j] if t != targets[-1]]
         elif void:
             return None  # an output with nowhere to go
         else:
             targets.append(None)
     if not any(targets):
         return None
-    return targets
+    alternatives = [  # square outputs: the pairs cannot tell (each tried, in turn)
+        [*targets[:j], t, *targets[j + 1 :]] for j, ts in others.items() for t in ts
+    ]
+    return [targets, *alternatives[:3]]
+
+
+def _orders(shape, target) -> list:
+    """None when `shape` is `target`; else each order of its dimensions that makes it so."""
+    import itertools
+
+    found = [None] if tuple(shape) == tuple(target) else []
+    if len(shape) == len(target) and 2 <= len(shape) <= 5 and sorted(shape) == sorted(target):
+        for order in itertools.permutations(range(len(shape))):
+            if list(order) != sorted(order) and [shape[d] for d in order] == list(target):
+                found.append(order)
+    return found
 
 
 def _positional(call: RecordedCall) -> list | None:
@@ -250,7 +325,11 @@ def pair(
                 host_call = RecordedCall(call.function, host, {}, call.test_file)
                 groups.setdefault((ref.file, ref.function), []).append((host_call, ref))
     found = []
-    for (file, name), raw in sorted(groups.items(), key=lambda g: -len(g[1])):
+
+    def lifted(where: tuple) -> bool:  # a test's expression, after a function with the pairs
+        return any(fn.name == where[1] for fn in pysources.lifted(repo / where[0]))
+
+    for (file, name), raw in sorted(groups.items(), key=lambda g: (-len(g[1]), lifted(g[0]))):
         params = _signature(repo, file, name)
         if params is None:
             continue
@@ -290,7 +369,8 @@ def _pair_all(
             ks = _tensor_sources(pairs, n)
             if not ks:
                 return None
-            sources[n] = ("arg", min(ks))
+            k, order = min(ks, key=lambda s: (s[1] is not None, s[0]))  # as it is, if it can
+            sources[n] = ("arg", k) if order is None else ("arg", k, list(order))
         else:
             src = _scalar_source(pairs, n)
             if src is None:
@@ -298,24 +378,32 @@ def _pair_all(
             sources[n] = src
     used = {s[1] for s in sources.values() if s[0] == "arg"}
     used_pairs = [(c, r) for c, r, _ in kept]
-    outputs = _outputs(used_pairs, used, returns)
-    if outputs is None:
+    choices = _outputs(used_pairs, used, returns)
+    if choices is None:
         return None
+    outputs = choices[0]
     written = {t[1] for t in outputs if t and t[0] == "arg"}
     tables = {s[1] for s in sources.values() if s[0] in ("table", "dtype")}
     tables |= {k for s in sources.values() if s[0] == "list" for k in s[1]}
     width = min(len(c.args) for c, _ in pairs)
-    fixed = {}
+    fixed, unchecked = {}, []
     for k in range(width):
         if k in used or k in written or k in tables or k in buffers:
             continue
         kinds = {_kind(c.args[k]) for c, _ in pairs}
         if any(_kind(c.args[k]) == "tensor" and c.args[k].is_floating_point() for c, _ in pairs):
+            if written and all(_blank(c.args[k]) for c, _ in pairs):
+                unchecked.append(k)  # a second output (knn's distances) the function skips
+                continue
             return None  # data the function neither reads nor writes: not the binding's op
+        if _a_size(pairs, k):  # the length of a dimension, which the function reads off its
+            continue  # tensors (knn's b, n, m): cases of other shapes change it with them
         if len(kinds) == 1:
             fixed[k] = kinds.pop()
         # a number that varies over the pairs and reaches no parameter: not read by the ref
-    return Pairing(name, file, sources, outputs, fixed, len(pairs))
+    p = Pairing(name, file, sources, outputs, fixed, len(pairs), unchecked=unchecked)
+    p.others = choices[1:]
+    return p
 
 
 def adapter(
@@ -334,6 +422,8 @@ def adapter(
         f"{fixed} = {p.fixed!r}",
         "",
     ]
+    if p.unchecked:  # (the test leaves these out of its comparison)
+        lines += [f"UNCHECKED = {p.unchecked!r}  # outputs `{p.function}` does not compute", ""]
     if helpers:
         lines += ["", inspect.getsource(_plain), "", inspect.getsource(_kind), ""]
         lines += [inspect.getsource(_tensor), ""]
@@ -349,6 +439,9 @@ def adapter(
     for name, src in p.params.items():
         if src[0] == "arg" and name in p.arrays:  # the tests passed it as a numpy array
             lines.append(f"    kwargs[{name!r}] = args[{src[1]}].detach().cpu().numpy()")
+        elif src[0] == "arg" and len(src) > 2:  # handed to the binding reordered
+            back = [src[2].index(d) for d in range(len(src[2]))]
+            lines.append(f"    kwargs[{name!r}] = args[{src[1]}].permute({back}).contiguous()")
         elif src[0] == "arg":
             lines.append(f"    kwargs[{name!r}] = args[{src[1]}]")
         elif src[0] == "dtype":
@@ -378,9 +471,10 @@ def adapter(
         if target[0] == "return":
             lines.append(f"    returned.append(outs[{j}] if len(outs) > {j} else None)")
         else:
+            moved = f".permute({target[2]})" if len(target) > 2 else ""
             lines += [
                 f"    if len(outs) > {j} and outs[{j}] is not None:",
-                f"        args[{target[1]}].copy_(outs[{j}])",
+                f"        args[{target[1]}].copy_(outs[{j}]{moved})",
             ]
     lines += [
         "    returned = [r for r in returned if r is not None]",
@@ -410,7 +504,12 @@ def find_python_reference(
         return f"no test calls a PyTorch function alongside {binding}"
     problems = []
     hosts = [to_host(c) for r in refs for c in r.partners if c.function == binding]
-    for p in pair(refs, binding, repo, returns, to_host)[:3]:
+    tried = [
+        replace(p, outputs=outputs, others=[])
+        for p in pair(refs, binding, repo, returns, to_host)[:3]
+        for outputs in [p.outputs, *p.others]
+    ]
+    for p in tried:
         body = vendor_function(repo, p.file, p.function)
         if isinstance(body, str) and body.startswith("!"):
             problems.append(f"{p.function}: {body[1:]}")

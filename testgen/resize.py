@@ -36,7 +36,7 @@ import math
 import re
 from dataclasses import dataclass
 
-COUNT_NAME = re.compile(r"^(?:n|num|count|batch(?:_size)?|num_\w+|n_\w+)_?$", re.IGNORECASE)
+COUNT_NAME = re.compile(r"^(?:n|b|bs|num|count|batch(?:_size)?|num_\w+|n_\w+)_?$", re.IGNORECASE)
 # an integer whose name says it is a window or a step is no count, whatever its value
 OTHER_NAME = re.compile(r"ksize|kernel|pad|stride|dil|group|mask", re.IGNORECASE)
 

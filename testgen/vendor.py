@@ -50,6 +50,8 @@ class _Module:
                 for alias in node.names:
                     bound = (alias.asname or alias.name).split(".")[0]
                     self.imports[bound] = (node, alias)
+        for fn in pysources.lifted(path):  # a test's expected value, computed in line
+            self.defs.setdefault(fn.name, fn)
 
 
 def _free_names(node: ast.AST) -> set[str]:
@@ -234,6 +236,8 @@ class _Walk:
 
 def _source(mod: _Module, node: ast.stmt) -> str:
     """A definition's source as written, without its decorators."""
+    if getattr(node, "kminer_lifted", False):  # made from a test's statements: no text of its own
+        return ast.unparse(node)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return ast.get_source_segment(mod.text, node) or ""
     source = ast.get_source_segment(mod.text, node, padded=False) or ""

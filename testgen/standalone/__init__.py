@@ -19,6 +19,7 @@ RECORDER_PARTS = (  # its sibling modules
     HERE / "record_log.py",
     HERE / "record_objects.py",
     HERE / "pretend_cuda.py",
+    HERE / "inline_refs.py",
 )
 CALLCHECK = HERE / "callcheck.py"  # a model's make_calls, checked
 REFCHECK = HERE / "refcheck.py"  # a model's reference, checked

@@ -41,6 +41,7 @@ class _Log:
         self._count: dict[str, int] = {}
         self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
         self._paired: dict = {}  # reference calls kept with partners, per function
+        self._inline: dict = {}  # an expected value's inputs, until its statements have run
         self._dispatching = False  # inside a dispatcher run on both devices
         self.objects = _Objects(_snapshot, _TOO_BIG)  # the bound classes' objects, and steps
 
@@ -128,6 +129,20 @@ class _Log:
             return
         self._test[1].append(len(self.refs))
         self.refs.append((where[0], where[1], list(args), dict(kwargs), out, [], list(arrays)))
+
+    def inline_args(self, file: str, name: str, args: list) -> None:
+        """What an expected value computed in line reads (inline_refs.apply), as it was before
+        the test's statements computed it."""
+        if self.wants_ref((file, name), args):
+            self._inline[(file, name)] = ([_snapshot(a) for a in args], _numpy(args, {}))
+
+    def inline_result(self, file: str, name: str, result) -> None:
+        """The value those statements computed: with what they read, one call of the function
+        they are lifted into."""
+        found = self._inline.pop((file, name), None)
+        if found is not None:
+            with contextlib.suppress(Exception):
+                self.add_ref((file, name), found[0], {}, result, found[1])
 
     def on_both_devices(self, file: str, name: str):
         """The decorator put on a repository function that calls a possible reference: a

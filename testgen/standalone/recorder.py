@@ -26,6 +26,9 @@ recorder that snapshots each call's arguments. What the tests need and this mach
 - exact repeats of a call (a test's CPU and CUDA cases) are kept once;
 - an object of a class the extension binds (SparseConvNet's `Metadata_2`) is recorded as the
   steps that made and changed it (record_objects.py): a call taking one keeps its setup;
+- an expected value a test computes in line (`expected = dist.topk(...)` before
+  `assert torch.all(idx == expected)`) is lifted into a function of the test file that the test
+  calls (inline_refs.py), recorded like the file's helpers;
 - a repository function that calls a possible reference (`bias_act` calls the extension for
   CUDA inputs, `_bias_act_ref` otherwise) runs again on the other device with copies of its
   arguments, and the reference's calls are paired with the extension calls of the same values.
@@ -57,10 +60,12 @@ import time
 import types
 
 try:  # beside this script in the sandbox; as kminer's modules when imported (tests)
+    from testgen.standalone import inline_refs
     from testgen.standalone.pretend_cuda import _fake_cuda, _tag, _tagged
     from testgen.standalone.record_log import _Log, _within_budget
     from testgen.standalone.record_objects import kept_steps
 except ImportError:
+    import inline_refs
     from pretend_cuda import _fake_cuda, _tag, _tagged
     from record_log import _Log, _within_budget
     from record_objects import kept_steps
@@ -657,6 +662,8 @@ def _is_test_file(path: str) -> bool:
 
 def _transform(tree: ast.Module, path: str, repo: str) -> ast.Module:
     rel = os.path.relpath(os.path.realpath(path), repo)
+    if _is_test_file(path):  # expected values computed in line, as functions (inline_refs.py)
+        tree = inline_refs.apply(tree, rel)
     tree = _Disarm().visit(tree)
     return _TagRefs(rel, _is_test_file(path)).visit(tree)
 
@@ -989,6 +996,8 @@ def main(argv: list[str]) -> int:
     finder = _Finder(repo, log, built)
     _DisarmedLoader.repo = finder.repo
     builtins.__kminer_ref__ = log.ref_recorder
+    builtins.__kminer_inline_args__ = log.inline_args
+    builtins.__kminer_inline_result__ = log.inline_result
     builtins.__kminer_both__ = log.on_both_devices
     builtins.__kminer_begin__ = log.begin
     builtins.__kminer_failed__ = _show_failure

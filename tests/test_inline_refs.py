@@ -1,0 +1,120 @@
+"""Expected values a test computes in line become references (testgen/standalone/inline_refs.py),
+paired with the extension call through a wrapper that transposes what it wrote."""
+
+import ast
+import shutil
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from testgen.inputs import record_repo_calls
+from testgen.python_reference import _outputs, adapter, pair
+from testgen.standalone import inline_refs
+from testgen.vendor import vendor_function
+
+FIXTURE = Path(__file__).parent / "fixtures" / "pyrefrepo"
+
+
+def _lifted(source: str) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(source))
+    return {fn.name: ast.unparse(fn) for fn in inline_refs.lifted_functions(tree)}
+
+
+def test_the_expected_side_of_a_check_is_lifted_from_what_the_op_side_does_not_share():
+    lifted = _lifted(
+        """
+        import torch
+        from pkg import op
+
+        def test_op(device):
+            import numpy as np
+            x = torch.rand(4, 3, device=device)
+            out = op(x)
+            total = []
+            for row in x:
+                total.append(np.float32(row.sum()))
+            expected = torch.tensor(total)
+            assert torch.allclose(out, expected)
+            assert out.shape == expected.shape
+        """
+    )
+    (name,) = lifted
+    assert name == "expected_of_test_op"
+    body = lifted[name]
+    assert body.startswith("def expected_of_test_op(x):")  # `row`, bound by the loop, is none
+    assert "import numpy as np" in body  # the test's own import travels inside it
+    assert " op(" not in body and "torch.rand" not in body  # the op's side stays in the test
+
+
+def test_literal_answers_shapes_and_foreign_helpers_are_not_lifted():
+    lifted = _lifted(
+        """
+        import torch
+        from pkg import op, helper
+
+        def test_literal(device):
+            out = op(torch.ones(3, device=device))
+            expected = torch.tensor([1.0, 2.0, 3.0], device=device)
+            assert torch.allclose(out, expected)
+
+        def test_helper():
+            x = torch.rand(3)
+            assert torch.equal(op(x), helper(x))
+
+        def test_shape():
+            x = torch.rand(3)
+            assert op(x).shape == x.shape
+        """
+    )
+    assert lifted == {}  # `device` only places a literal; `helper` is the package's own code
+
+
+def test_the_recorder_keeps_what_the_lifted_statements_read_and_computed_without_rerunning():
+    tree = ast.parse((FIXTURE / "tests" / "test_nearest.py").read_text())
+    source = ast.unparse(inline_refs.apply(tree, "tests/test_nearest.py"))
+    lines = [ln.strip() for ln in source.splitlines()]
+    first = lines.index("center_ = center.unsqueeze(2).repeat(1, 1, xyz.shape[1], 1)")
+    last = lines.index("expected_idx = dist.topk(k=3, dim=2, largest=False)[1].transpose(2, 1)")
+    name = "'tests/test_nearest.py', 'expected_idx_of_test_nearest'"
+    assert lines[first - 1] == f"__kminer_inline_args__({name}, [center, xyz])"
+    assert lines[last + 1] == f"__kminer_inline_result__({name}, expected_idx)"
+    assert "def expected_idx_of_test_nearest" not in source  # computed once, by the test
+
+
+def test_a_lifted_reference_pairs_through_a_transposing_wrapper_and_runs_alone(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    recorded = record_repo_calls(repo, tmp_path / "cache")
+    assert len(recorded["nearest"]) == 2  # (the m = 5 and m = 4 cases)
+    (p,) = [p for p in pair(recorded.refs, "nearest", repo, "void") if "nearest" in p.function]
+    assert (p.file, p.function) == ("tests/test_nearest.py", "expected_idx_of_test_nearest")
+    assert p.params == {"center": ("arg", 1), "xyz": ("arg", 0)}
+    # written into `idx` (the integer output) as the wrapper transposed it back; `dist2` (a
+    # second output the test's expression never computes) is left out of the comparison
+    assert p.outputs == [("arg", 2, [0, 2, 1])]
+    assert p.unchecked == [3]
+    assert p.fixed == {}  # b, n, m, k: lengths of the tensors' dimensions, not fixed values
+
+    body = vendor_function(repo, p.file, p.function)
+    code = body + adapter(p, ["xyz", "center", "idx", "dist2", "b", "n", "m", "k"])
+    assert "UNCHECKED = [3]" in code
+    namespace: dict = {}
+    exec(compile(code, "reference.py", "exec"), namespace)
+    xyz, center = torch.randn(3, 12, 3), torch.randn(3, 7, 3)  # a shape no test used
+    idx, dist2 = torch.zeros(3, 7, 3, dtype=torch.int32), torch.zeros(3, 7, 3)
+    namespace["reference"](xyz, center, idx, dist2, 3, 12, 7, 3)
+    d = torch.cdist(center, xyz)
+    want = d.topk(3, dim=2, largest=False).indices
+    assert torch.equal(idx.long(), want)
+
+
+def test_a_square_output_tries_each_order_its_shape_allows():
+    out = torch.arange(8.0).reshape(2, 2, 2)
+    call = SimpleNamespace(args=[torch.zeros(4), torch.zeros(2, 2, 2)])
+    ref = SimpleNamespace(result=[out])
+    first, *others = _outputs([(call, ref)], {0}, "void")
+    assert first == [("arg", 1)]  # as it is, first
+    assert others[0] == [("arg", 1, [0, 2, 1])]  # then reordered: the last two swapped first
+    assert len(others) == 3  # (of the five other orders: a few tries, each a sandbox run)
