@@ -118,3 +118,27 @@ def test_a_square_output_tries_each_order_its_shape_allows():
     assert first == [("arg", 1)]  # as it is, first
     assert others[0] == [("arg", 1, [0, 2, 1])]  # then reordered: the last two swapped first
     assert len(others) == 3  # (of the five other orders: a few tries, each a sandbox run)
+
+
+def test_a_tensor_the_wrapper_hands_over_transposed_is_read_back_in_its_order():
+    from testgen.python_reference import _tensor_sources
+
+    x = torch.randn(2, 5, 3)
+    call = SimpleNamespace(args=[x.transpose(1, 2).contiguous(), torch.zeros(2, 3, 5)])
+    found = _tensor_sources([(call, {"x": x})], "x")
+    assert found == {(0, (0, 2, 1))}  # binding argument 0 is x.permute(0, 2, 1)
+    assert _tensor_sources([(call, {"x": x.clone()})], "x") == found
+    assert _tensor_sources([(call, {"x": torch.randn(2, 5, 3)})], "x") == set()
+
+
+def test_the_adapter_hands_the_function_its_tensor_in_the_order_the_test_had_it():
+    from testgen.python_reference import Pairing
+
+    p = Pairing("double_last", "t.py", {"x": ("arg", 0, [0, 2, 1])}, [("arg", 1, [0, 2, 1])])
+    code = "def double_last(x):\n    return x * 2\n" + adapter(p, ["xt", "out"])
+    namespace: dict = {}
+    exec(compile(code, "reference.py", "exec"), namespace)
+    x = torch.randn(2, 5, 3)
+    out = torch.zeros(2, 3, 5)  # the binding's layout: channels first
+    namespace["reference"](x.transpose(1, 2).contiguous(), out)
+    assert torch.equal(out, (x * 2).transpose(1, 2))
