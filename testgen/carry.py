@@ -149,7 +149,7 @@ def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
         new_env = {}
         for p, a in zip(callee_params, args, strict=False):
             try:
-                new_env[p] = evaluate(a, env)
+                new_env[p] = _mode_number(a, env, refs)
             except Unmappable as e:
                 raise Unmappable(f"{caller} passes `{a}` as {callee}'s `{p}`: {e}") from None
         if len(new_env) < len(callee_params):
@@ -182,7 +182,7 @@ def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | 
         if path[-1] == goal:
             return list(itertools.pairwise(path))
         item = refs.definition(path[-1])
-        body = refs.body(item) if item is not None else ""
+        body = refs.text(item) if item is not None else ""  # (its string literals kept)
         body = body[max(body.find("{"), 0) :]
         for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
             body += _class_body(refs, klass) or ""
@@ -262,3 +262,56 @@ def _through_apply(refs, body: str, callee: str, env: dict) -> tuple[str | None,
         except Unmappable:
             continue
     return None, env
+
+
+_CONVERTER = re.compile(r"^\s*(\w+)\s*\(\s*(\w+)\s*\)\s*$")
+_RETURNED = re.compile(r'==\s*"([^"\\]*)"\s*\)\s*\{?\s*return\s+([\w:]+)\s*;')
+_ENUM = re.compile(  # enum [class] NAME [: type] { ... } [NAME]  (a typedef names it after)
+    r"\benum\s+(?:class\s+|struct\s+)?(\w*)\s*(?::\s*[\w:]+\s*)?\{([^{}]*)\}\s*(\w*)"
+)
+
+
+def _mode_number(expr: str, env: dict, refs):
+    """The value of `expr`; a mode string passed through the repository's converter
+    (`convert_reduce_type(reduce_type)`, whose body says `if (s == "mean") return
+    reduce_t::MEAN;`) is the number of the enumerator it returns, as the launcher gets it."""
+    try:
+        return evaluate(expr, env)
+    except Unmappable:
+        m = _CONVERTER.match(expr)
+        if not m or not isinstance(env.get(m.group(2)), str):
+            raise
+    item = refs.definition(m.group(1), host_side=True)
+    body = refs.text(item) if item is not None else ""  # (its string literals kept)
+    for literal, returned in _RETURNED.findall(body):
+        if literal == env[m.group(2)]:
+            enum, _, member = returned.rpartition("::")
+            known = _enumerators(refs)
+            number = known.get((enum.split("::")[-1], member), known.get(("", member)))
+            if number is not None:
+                return number
+    raise Unmappable(f"{expr}: no enumerator returned for {env[m.group(2)]!r}")
+
+
+def _enumerators(refs) -> dict[tuple[str, str], int]:
+    """Every enumerator the repository's sources define, with its number, by (its enum's
+    name, its name) and by ("", its name) (read once)."""
+    found = getattr(refs, "_kminer_enumerators", None)
+    if found is not None:
+        return found
+    found = {}
+    for model in refs.disc.models.values():
+        for m in _ENUM.finditer(model.code):
+            number = -1
+            for entry in m.group(2).split(","):
+                name, _, value = entry.partition("=")
+                if not name.strip():
+                    continue
+                try:
+                    number = int(value.strip(), 0) if value.strip() else number + 1
+                except ValueError:
+                    break  # an enumerator defined by an expression: the rest is unknown
+                for enum in {m.group(1) or m.group(3), ""}:
+                    found.setdefault((enum, name.strip()), number)
+    refs._kminer_enumerators = found
+    return found

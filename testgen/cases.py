@@ -87,11 +87,14 @@ def base_calls(
     cand: Candidate, calls: list[RecordedCall], refs
 ) -> tuple[list[BaseCall], list[str]]:
     """Distinct launcher calls (most distinct shapes first, MAX_BASE_CALLS at most), and why
-    the others could not be used."""
+    the others could not be used. A call over MAX_ELEMENTS comes over as many of its first rows
+    as fit (mmcv's dynamic scatter test: 200000 points), a call kminer made."""
     found: list[BaseCall] = []
     why: list[str] = []
     seen: set[str] = set()
     required = _required_tensors(cand, refs)
+    exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    names = refs.params_of(exposed)
     for call in calls:
         try:
             args = carry_down(call, cand, refs)
@@ -101,14 +104,25 @@ def base_calls(
         if any(i < len(args) and args[i] is None for i in required):
             why.append("a recorded call passes None where the launcher takes a tensor")
             continue  # (made from a result the recording could not compute)
-        if _size(args) > MAX_ELEMENTS:
+        rows, args = embeddable(args, names)
+        if args is None:
             why.append("a recorded call is too large to embed")
             continue
         sig = _signature(args)
         if sig not in seen:
             seen.add(sig)
-            found.append(BaseCall(args, call.test_file, call=call))
+            derived = f"the first {rows} rows of a recorded call too large to embed"
+            found.append(BaseCall(args, call.test_file, call=call, derived=derived if rows else ""))
     return _diverse(found), why
+
+
+def embeddable(args: list, names: list[str] | None) -> tuple[int, list | None]:
+    """(0, the call) when it fits in a test file; else (m, its first m rows) for the most rows
+    that fit, where its rows can be cut (testgen.resize); (0, None) when neither."""
+    if _size(args) <= MAX_ELEMENTS:
+        return 0, args
+    fits = [(m, a) for m, a in row_subsets(args, names) if _size(a) <= MAX_ELEMENTS]
+    return max(fits, key=lambda f: f[0]) if fits else (0, None)
 
 
 def _required_tensors(cand: Candidate, refs) -> set[int]:

@@ -40,13 +40,15 @@ from testgen.made_inputs import (
     rule_calls,
 )
 from testgen.probe_inputs import PROBE_ORIGIN, probed_calls
-from testgen.python_reference import find_python_reference
+from testgen.python_reference import CHECK_TIMEOUT_S, find_python_reference
 from testgen.rank_variants import rank_choices
 from testgen.reach import dead_spans, kernel_scalars
 from testgen.reference import find_reference
+from testgen.sandbox import run_checker
 from testgen.selectors import kernel_selectors
 from testgen.shape_selectors import shape_selectors
 from testgen.sibling_calls import sibling_calls
+from testgen.standalone import REFCHECK
 from testgen.testcode import order_free_reason, render_test
 from testgen.tile_sizes import tile_sizes
 from testgen.variants import VariantKind, derive_variants
@@ -223,6 +225,22 @@ def _python_reference(cand, refs, recorded, python_fn, function, label_text, wor
     return ref, [c for c in recorded.get(python_fn, []) if pairing.covers(to_host(c) or [])]
 
 
+def _within_reference(base: list, code: str) -> tuple[list, list[str]]:
+    """The recorded calls a PyTorch reference runs on, and why the others are left out: a test
+    also calls the op where it computes no expected value (mmcv's dynamic scatter with every
+    point out of range: no voxel for the reference to stack), and the rows cut from such a call
+    would take the place of the valid call's. All of them when the reference runs on none."""
+    kept, why = [], []
+    for b in base:
+        files = {"code.py": code, "calls.pt": [b.args]}
+        problem = run_checker(REFCHECK, files, "the reference", CHECK_TIMEOUT_S)
+        if isinstance(problem, str) and " raised: " in problem:
+            why.append(f"the reference raises on a recorded call: {problem.splitlines()[-1][:120]}")
+        else:
+            kept.append(b)
+    return (kept, why) if kept else (base, [])
+
+
 def public_names(cand: Candidate) -> list[str]:
     """The repository's bindings that reach this launcher (several ops may share one:
     spmm_sum, spmm_mean, ... all call spmm_fw); empty when none is known."""
@@ -269,6 +287,9 @@ def generate_for(
         calls = sibling_calls(refs, python_fn, recorded)
         source = "sibling" if calls else source
     base, why = base_calls(cand, calls, refs)
+    if len(base) > 1 and not isinstance(found, str) and found.kind == "python":
+        base, outside = _within_reference(base, (workdir / found.path).read_text("utf-8"))
+        why += outside
     if not base:  # reached through a C++ autograd Function's backward (spline_basis_bw)
         base, source = _backward_on_chain(cand, recorded, refs, python_fn) or (base, source)
     if not base:

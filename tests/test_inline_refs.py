@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from testgen.inputs import record_repo_calls
@@ -81,13 +82,21 @@ def test_the_recorder_keeps_what_the_lifted_statements_read_and_computed_without
     assert lines[first - 1] == f"__kminer_inline_args__({name}, [center, xyz])"
     assert lines[last + 1] == f"__kminer_inline_result__({name}, expected_idx)"
     assert "def expected_idx_of_test_nearest" not in source  # computed once, by the test
+    at = lines.index("idx = nearest(3, xyz, center)")  # its partners: the calls made here
+    assert (
+        lines[at - 1] == "with __kminer_inline_op__('tests/test_nearest.py', "
+        "['expected_idx_of_test_nearest']):"
+    )
 
 
 def test_a_lifted_reference_pairs_through_a_transposing_wrapper_and_runs_alone(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(FIXTURE, repo)
     recorded = record_repo_calls(repo, tmp_path / "cache")
-    assert len(recorded["nearest"]) == 2  # (the m = 5 and m = 4 cases)
+    assert len(recorded["nearest"]) == 4  # (k = 3 and k = 1, for m = 5 and m = 4)
+    lifted = [r for r in recorded.refs if r.function == "expected_idx_of_test_nearest"]
+    assert len(lifted) == 2  # its partners: the calls of the statement its check compares
+    assert all(c.args[7] == 3 for r in lifted for c in r.partners)
     (p,) = [p for p in pair(recorded.refs, "nearest", repo, "void") if "nearest" in p.function]
     assert (p.file, p.function) == ("tests/test_nearest.py", "expected_idx_of_test_nearest")
     assert p.params == {"center": ("arg", 1), "xyz": ("arg", 0)}
@@ -142,3 +151,59 @@ def test_the_adapter_hands_the_function_its_tensor_in_the_order_the_test_had_it(
     out = torch.zeros(2, 3, 5)  # the binding's layout: channels first
     namespace["reference"](x.transpose(1, 2).contiguous(), out)
     assert torch.equal(out, (x * 2).transpose(1, 2))
+
+
+def test_a_recorded_call_too_large_to_embed_comes_over_as_its_first_rows():
+    from testgen.cases import MAX_ELEMENTS, embeddable
+
+    n = MAX_ELEMENTS // 3  # (two tensors of 3 columns: twice what fits)
+    feats, coors = torch.rand(n, 3), torch.randint(-1, 20, (n, 3), dtype=torch.int32)
+    rows, args = embeddable([feats, coors, 1], ["feats", "coors", "reduce_type"])
+    assert 0 < rows < n and args[0].shape == (rows, 3) and args[2] == 1
+    assert torch.equal(args[1], coors[:rows])  # the first rows, as recorded
+    small = [feats[:5], coors[:5], 1]
+    assert embeddable(small, ["feats", "coors", "reduce_type"]) == (0, small)
+    table = torch.rand(1, 2 * MAX_ELEMENTS)  # one row: nothing to cut
+    assert embeddable([table], ["table"]) == (0, None)
+
+
+def test_a_mode_string_passed_through_the_repositorys_converter_is_its_enumerators_number():
+    from testgen.carry import _mode_number
+    from testgen.interp import Unmappable
+
+    converter = """inline reduce_t convert_reduce_type(const std::string &reduce_type) {
+      if (reduce_type == "max") return reduce_t::MAX;
+      else if (reduce_type == "mean") return reduce_t::MEAN;
+      TORCH_CHECK(false, "no such type");
+    }"""
+    header = SimpleNamespace(
+        code="typedef enum { SUM = 0, MEAN = 1, MAX = 2 } reduce_t;\n"
+        "enum class other_t { MAX = 7 };"
+    )
+    refs = SimpleNamespace(
+        definition=lambda name, host_side=False: "item" if name == "convert_reduce_type" else None,
+        text=lambda item: converter,
+        disc=SimpleNamespace(models={"h.cuh": header}),
+    )
+    env = {"reduce_type": "max"}
+    assert _mode_number("convert_reduce_type(reduce_type)", env, refs) == 2  # reduce_t's MAX
+    assert _mode_number("convert_reduce_type(reduce_type)", {"reduce_type": "mean"}, refs) == 1
+    with pytest.raises(Unmappable):
+        _mode_number("convert_reduce_type(reduce_type)", {"reduce_type": "sum"}, refs)
+
+
+def test_recorded_calls_the_pytorch_reference_raises_on_are_left_out():
+    from testgen.cases import BaseCall
+    from testgen.generate import _within_reference
+
+    code = (
+        "import torch\n\n\ndef reference(x, out):\n"
+        "    out.copy_(torch.stack([r for r in x if r.sum() > 0]).sum(0))\n"
+    )
+    good = BaseCall([torch.ones(3, 2), torch.zeros(2)], "t")
+    empty = BaseCall([-torch.ones(3, 2), torch.zeros(2)], "t")  # no row to stack
+    kept, why = _within_reference([empty, good], code)
+    assert len(kept) == 1 and kept[0] is good
+    assert "raises" in why[0] and "non-empty" in why[0]
+    kept, why = _within_reference([empty], code)  # on none: all stay (and fail as cases)
+    assert kept[0] is empty and why == []

@@ -41,26 +41,40 @@ META = {"shape", "dtype", "device", "size", "ndim", "numel", "dim", "len", "is_c
 
 def lifted_functions(tree: ast.Module) -> list[ast.FunctionDef]:
     """The lifted reference functions of a test module (new nodes; the tree is not changed)."""
-    return [fn for fn, _, _, _ in _lifts(tree)]
+    return [fn for fn, *_ in _lifts(tree)]
 
 
 def apply(tree: ast.Module, rel: str = "") -> ast.Module:
     """The module with each lifted function's call recorded where the test computes it, at no
     cost of its own (a test's reference may loop over 8000 voxels): the names it reads are
     handed to `__kminer_inline_args__(rel, name, [...])` before its first statement, and its
-    value to `__kminer_inline_result__(rel, name, value)` after its last. The functions are
-    not defined in the module: the recorder keeps the pair as a call of them."""
-    marks = []
-    for fn, body, first, at in _lifts(tree):
+    value to `__kminer_inline_result__(rel, name, value)` after its last; the statements that
+    call the op it is compared with run inside `with __kminer_inline_op__(rel, [names])`. The
+    functions are not defined in the module: the recorder keeps the pair as a call of them."""
+    marks, ops = [], {}
+    for fn, body, first, at, op_side in _lifts(tree):
+        for j in op_side:  # the statements that call the op this value is compared with
+            ops.setdefault((id(body), j), (body, j, []))[2].append(fn.name)
         args = ast.List([ast.Name(a.arg, ast.Load()) for a in fn.args.args], ast.Load())
         value = copy.deepcopy(fn.body[-1].value)
         marks.append((body, at + 1, _hook("__kminer_inline_result__", rel, fn.name, value)))
         marks.append((body, first, _hook("__kminer_inline_args__", rel, fn.name, args)))
+    for body, j, names in ops.values():  # in place: no position moves
+        body[j] = _within_op(body[j], rel, names)
     # later positions first within a body (the earlier ones hold); at one position the result
     # of a check's expected value before the arguments of the next (it was appended first)
     for body, at, stmt in sorted(marks, key=lambda m: (id(m[0]), -m[1])):
         body.insert(at, stmt)
     return ast.fix_missing_locations(tree)
+
+
+def _within_op(stmt: ast.stmt, rel: str, names: list[str]) -> ast.stmt:
+    """`with __kminer_inline_op__(rel, [names]): stmt`: the extension calls it makes are the
+    ones the lifted values are paired with (not a test's other ops: its `max` beside `mean`)."""
+    names_list = ast.List([ast.Constant(n) for n in names], ast.Load())
+    call = ast.Call(ast.Name("__kminer_inline_op__", ast.Load()), [ast.Constant(rel)], [])
+    call.args.append(names_list)
+    return ast.copy_location(ast.With(items=[ast.withitem(call)], body=[stmt]), stmt)
 
 
 def _hook(name: str, rel: str, function: str, value: ast.expr) -> ast.stmt:
@@ -248,6 +262,19 @@ def _slice(body: list, i: int, wanted: set[str]) -> tuple[list[int], set[str]]:
     return sorted(picked), needed
 
 
+def _calls_op(stmt: ast.stmt, module: _ModuleNames) -> bool:
+    """Whether the statement calls something foreign or a callable the test made itself
+    (`dsmean(feats, coors)`, `dsmean = DynamicScatter(...)` before)."""
+    for c in ast.walk(stmt):
+        if isinstance(c, ast.Call):
+            f = c.func
+            if _root(f) in module.foreign:
+                return True
+            if isinstance(f, ast.Name) and not module.is_global(f.id):
+                return True
+    return False
+
+
 def _placing(stmts: list, ret: ast.stmt) -> set[str]:
     """Names read only to say where or as what a tensor is made (`device=device`,
     `.to(dtype)`): a function of those alone computes nothing from the test's data."""
@@ -356,4 +383,6 @@ def _lift(body: list, i: int, sides, module: _ModuleNames, fn: ast.FunctionDef, 
         fn.type_params = []
     fn.kminer_lifted = True  # (its source is unparsed, not read from the file)
     at = max(own) if own else i - 1
-    return ast.fix_missing_locations(fn), min(own) if own else i, at
+    op_side = [j for j in ops[0][1] if _calls_op(body[j], module)]
+    op_side += [i] if _calls_op(ast.Expr(ops[0][0]), module) else []
+    return ast.fix_missing_locations(fn), min(own) if own else i, at, op_side

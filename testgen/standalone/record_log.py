@@ -42,6 +42,7 @@ class _Log:
         self._test: tuple[list, list] = ([], [])  # the calls and ref calls of the running test
         self._paired: dict = {}  # reference calls kept with partners, per function
         self._inline: dict = {}  # an expected value's inputs, until its statements have run
+        self._op_calls: dict = {}  # per expected value, the calls of the op it is compared with
         self._dispatching = False  # inside a dispatcher run on both devices
         self.objects = _Objects(_snapshot, _TOO_BIG)  # the bound classes' objects, and steps
 
@@ -110,12 +111,26 @@ class _Log:
         are paired with the extension calls it made, before or after them."""
         calls, refs = self._test
         for k in refs:
-            self.refs[k][5].extend(sorted(set(calls)))
-            if not calls:  # nothing to pair with: not worth its bytes
+            mine = self._op_calls.get(tuple(self.refs[k][:2]), calls)  # an inline value's own op
+            self.refs[k][5].extend(sorted(set(mine)))
+            if not mine:  # nothing to pair with: not worth its bytes
                 self.refs[k] = None
             else:
                 self._paired[self.refs[k][:2]] = self._paired.get(self.refs[k][:2], 0) + 1
         self._test = ([], [])
+        self._op_calls = {}
+
+    @contextlib.contextmanager
+    def inline_op(self, file: str, names: list):
+        """Around a test's statement that calls the op an expected value computed in line is
+        compared with (inline_refs.apply): the extension calls made inside are its partners."""
+        start = len(self._test[0])
+        try:
+            yield
+        finally:
+            made = self._test[0][start:]
+            for name in names:
+                self._op_calls.setdefault((file, name), []).extend(made)
 
     def wants_ref(self, where: tuple, values: list) -> bool:
         """Whether a call of a possible reference is worth snapshotting."""
