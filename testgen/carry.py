@@ -182,7 +182,7 @@ def _called_path(refs, steps: list[tuple[str, str]]) -> list[tuple[str, str]] | 
         if path[-1] == goal:
             return list(itertools.pairwise(path))
         item = refs.definition(path[-1])
-        body = refs.text(item) if item is not None else ""  # (its string literals kept)
+        body = refs.body(item) if item is not None else ""
         body = body[max(body.find("{"), 0) :]
         for klass in re.findall(r"\b(\w+)::apply\s*\(", body):
             body += _class_body(refs, klass) or ""

@@ -29,11 +29,10 @@ def tree(path: Path) -> ast.Module | None:
 def lifted(path: Path) -> list[ast.FunctionDef]:
     """A test file's expected values computed in line, as the functions the recorder lifts
     them into (testgen/standalone/inline_refs.py); none for other files."""
+    from testgen.standalone import inline_refs
+
     key = _key(path)
-    name = path.name
-    if key is None or not (name.startswith("test") or name.endswith(("_test.py", "_tests.py"))):
-        return []
-    return _lifted(*key)
+    return [] if key is None or not inline_refs.is_test_file(path.name) else _lifted(*key)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -57,7 +57,14 @@ class Pairing:
     pairs: int = 0
     arrays: list = field(default_factory=list)  # parameters the tests passed as numpy arrays
     unchecked: list = field(default_factory=list)  # output buffers the function does not fill
-    others: list = field(default_factory=list)  # other `outputs` the pairs allow as well
+    other_outputs: list = field(default_factory=list)  # other `outputs` the pairs allow
+
+    def output_orders(self) -> list[Pairing]:
+        """This pairing once per `outputs` the pairs allow (a square output's orders), each
+        tried in turn since the pairs cannot tell them apart."""
+        return [
+            replace(self, outputs=o, other_outputs=[]) for o in [self.outputs, *self.other_outputs]
+        ]
 
     def covers(self, args: list) -> bool:
         if any(_kind(args[k]) != kind for k, kind in self.fixed.items() if k < len(args)):
@@ -246,7 +253,7 @@ def _list_source(calls: list, values: list, width: int):
     return ("list", picked)
 
 
-def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
+def _outputs(pairs: list, used: set[int], returns: str) -> tuple[list, list] | None:
     """Where each output of the function goes: returned (the host function returns tensors)
     or into the binding's tensor argument of its shape that is no input of the function, an
     integer one for integers (knn's indices, not its distances beside them); of its shape with
@@ -289,10 +296,10 @@ def _outputs(pairs: list, used: set[int], returns: str) -> list | None:
             targets.append(None)
     if not any(targets):
         return None
-    alternatives = [  # square outputs: the pairs cannot tell (each tried, in turn)
+    alternatives = [  # square outputs: the pairs cannot tell
         [*targets[:j], t, *targets[j + 1 :]] for j, ts in others.items() for t in ts
     ]
-    return [targets, *alternatives[:3]]
+    return targets, alternatives[:3]
 
 
 def _orders(shape, target) -> list:
@@ -381,7 +388,7 @@ def _pair_all(
     choices = _outputs(used_pairs, used, returns)
     if choices is None:
         return None
-    outputs = choices[0]
+    outputs, other_outputs = choices
     written = {t[1] for t in outputs if t and t[0] == "arg"}
     tables = {s[1] for s in sources.values() if s[0] in ("table", "dtype")}
     tables |= {k for s in sources.values() if s[0] == "list" for k in s[1]}
@@ -401,9 +408,16 @@ def _pair_all(
         if len(kinds) == 1:
             fixed[k] = kinds.pop()
         # a number that varies over the pairs and reaches no parameter: not read by the ref
-    p = Pairing(name, file, sources, outputs, fixed, len(pairs), unchecked=unchecked)
-    p.others = choices[1:]
-    return p
+    return Pairing(
+        name,
+        file,
+        sources,
+        outputs,
+        fixed,
+        len(pairs),
+        unchecked=unchecked,
+        other_outputs=other_outputs,
+    )
 
 
 def adapter(
@@ -504,11 +518,7 @@ def find_python_reference(
         return f"no test calls a PyTorch function alongside {binding}"
     problems = []
     hosts = [to_host(c) for r in refs for c in r.partners if c.function == binding]
-    tried = [
-        replace(p, outputs=outputs, others=[])
-        for p in pair(refs, binding, repo, returns, to_host)[:3]
-        for outputs in [p.outputs, *p.others]
-    ]
+    tried = [o for p in pair(refs, binding, repo, returns, to_host)[:3] for o in p.output_orders()]
     for p in tried:
         body = vendor_function(repo, p.file, p.function)
         if isinstance(body, str) and body.startswith("!"):

@@ -123,7 +123,7 @@ def test_a_square_output_tries_each_order_its_shape_allows():
     out = torch.arange(8.0).reshape(2, 2, 2)
     call = SimpleNamespace(args=[torch.zeros(4), torch.zeros(2, 2, 2)])
     ref = SimpleNamespace(result=[out])
-    first, *others = _outputs([(call, ref)], {0}, "void")
+    first, others = _outputs([(call, ref)], {0}, "void")
     assert first == [("arg", 1)]  # as it is, first
     assert others[0] == [("arg", 1, [0, 2, 1])]  # then reordered: the last two swapped first
     assert len(others) == 3  # (of the five other orders: a few tries, each a sandbox run)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import os
 
 COMPARERS = {
     "allclose", "isclose", "equal", "assert_close", "assert_allclose", "assert_equal",
@@ -37,6 +38,13 @@ TRUSTED_ROOTS = {"torch", "numpy", "np", "math", "F", "functools", "itertools", 
 MUTATORS = {"append", "extend", "insert", "add_", "copy_", "fill_", "zero_", "update", "add"}
 _BUILTINS = set(dir(builtins))
 META = {"shape", "dtype", "device", "size", "ndim", "numel", "dim", "len", "is_contiguous"}
+
+
+def is_test_file(path: str) -> bool:
+    """Whether the file is one of the repository's tests (test_x.py, x_test.py, x_tests.py):
+    only a test's checks hold expected values to lift."""
+    name = os.path.basename(path)
+    return name.startswith("test") or name.endswith(("_test.py", "_tests.py"))
 
 
 def lifted_functions(tree: ast.Module) -> list[ast.FunctionDef]:

@@ -656,17 +656,14 @@ def _calls_a_reference(fn: ast.FunctionDef) -> bool:
     return False
 
 
-def _is_test_file(path: str) -> bool:
-    name = os.path.basename(path)
-    return name.startswith("test") or name.endswith(("_test.py", "_tests.py"))
-
-
 def _transform(tree: ast.Module, path: str, repo: str) -> ast.Module:
     rel = os.path.relpath(os.path.realpath(path), repo)
-    if _is_test_file(path):  # expected values computed in line, as functions (inline_refs.py)
+    if inline_refs.is_test_file(
+        path
+    ):  # expected values computed in line, as functions (inline_refs.py)
         tree = inline_refs.apply(tree, rel)
     tree = _Disarm().visit(tree)
-    return _TagRefs(rel, _is_test_file(path)).visit(tree)
+    return _TagRefs(rel, inline_refs.is_test_file(path)).visit(tree)
 
 
 class _GoOn(ast.NodeTransformer):
@@ -731,7 +728,7 @@ def _run_script(path: str, tree: ast.Module, seconds: float = RECORD_BUDGET_S) -
             go_on.visit(node)  # (test functions already go on: _TagRefs)
         elif _is_main_block(node):
             node.body = _each_a_test(go_on.guard(node.body))
-        elif not _is_test_file(path) and not isinstance(
+        elif not inline_refs.is_test_file(path) and not isinstance(
             node, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
         ):
             body += _each_a_test(go_on.guard([node]))  # an example's top-level statement
@@ -1055,7 +1052,7 @@ def main(argv: list[str]) -> int:
     pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
     with open(test_file, encoding="utf-8", errors="replace") as f:
         tree = ast.parse(f.read(), test_file)
-    example = not _is_test_file(test_file) and not _has_tests(tree)  # examples/hello.py
+    example = not inline_refs.is_test_file(test_file) and not _has_tests(tree)  # examples/hello.py
     script = example or any(_is_main_block(node) for node in tree.body)
     with _repository_view(finder.repo), pretend:
         if not example and (_has_tests(tree) or not script):
