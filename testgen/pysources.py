@@ -13,6 +13,8 @@ import ast
 import functools
 from pathlib import Path
 
+from testgen.standalone import inline_refs
+
 
 def text(path: Path) -> str | None:
     """The file's text (undecodable bytes replaced); None when it cannot be read."""
@@ -29,16 +31,12 @@ def tree(path: Path) -> ast.Module | None:
 def lifted(path: Path) -> list[ast.FunctionDef]:
     """A test file's expected values computed in line, as the functions the recorder lifts
     them into (testgen/standalone/inline_refs.py); none for other files."""
-    from testgen.standalone import inline_refs
-
     key = _key(path)
     return [] if key is None or not inline_refs.is_test_file(path.name) else _lifted(*key)
 
 
 @functools.lru_cache(maxsize=1024)
 def _lifted(path: str, size: int, mtime: int) -> list[ast.FunctionDef]:
-    from testgen.standalone import inline_refs
-
     source = _text(path, size, mtime)
     tree = None if source is None else _parse(source)
     return [] if tree is None else inline_refs.lifted_functions(tree)

@@ -658,12 +658,11 @@ def _calls_a_reference(fn: ast.FunctionDef) -> bool:
 
 def _transform(tree: ast.Module, path: str, repo: str) -> ast.Module:
     rel = os.path.relpath(os.path.realpath(path), repo)
-    if inline_refs.is_test_file(
-        path
-    ):  # expected values computed in line, as functions (inline_refs.py)
+    test = inline_refs.is_test_file(path)
+    if test:  # expected values computed in line, as functions (inline_refs.py)
         tree = inline_refs.apply(tree, rel)
     tree = _Disarm().visit(tree)
-    return _TagRefs(rel, inline_refs.is_test_file(path)).visit(tree)
+    return _TagRefs(rel, test).visit(tree)
 
 
 class _GoOn(ast.NodeTransformer):
