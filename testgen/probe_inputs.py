@@ -73,8 +73,12 @@ def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
     every value range at the rank it reads (before them: `wider_first`)."""
     if slot.kind == "int":
         return tuple(dict.fromkeys((n, 4, 2, 1, 0)))
+    if slot.kind == "ints":  # a value for every dimension: its name's, n, then small ones
+        return (n,) if slot.first is None else tuple(dict.fromkeys((slot.first, n, 3, 1, 2, 0)))
     if slot.kind == "bool":
         return (False, True)
+    if slot.kind == "flag":  # an integer read as a flag
+        return (0, 1)
     if slot.kind == "str":
         return slot.modes
     if slot.kind == "intlists":  # (groups, entries a group)
@@ -90,6 +94,8 @@ def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
         values = ("bools",)
     elif slot.facts.columns:  # entries of distinct index columns: n, then a few
         return ((0, ("columns", n)), (0, ("columns", max(2, n // 4))))
+    elif slot.facts.coordinates:  # distinct rows of cells in a grid n a side, then fewer
+        return ((0, (0, n)), (0, (0, max(4, n // 4))))
     else:
         values = ((-1, n), (0, n), (0, max(2, n // 4)), (0, 1))
     if slot.facts.view:  # in the shape it is viewed in
@@ -117,9 +123,16 @@ def _tensor(
         return _columns(facts, n, values[1], gen)
     lo, hi = values
     if len(shape) >= 2 and 1 < shape[-1] <= hi - lo:  # a table of index rows: each row distinct
-        width = shape[-1]
-        rows = [torch.randperm(hi - lo, generator=gen)[:width] for _ in range(count // width)]
-        return (torch.stack(rows) + lo).to(facts.dtype).reshape(shape)
+        width = shape[-1]  # within and, while draws allow, from the others (coordinates: a
+        rows: dict = {}  # kernel writing each row's grid cell would race on a repeated one)
+        for _ in range(8 * (count // width)):
+            row = torch.randperm(hi - lo, generator=gen)[:width]
+            rows.setdefault(tuple(row.tolist()), row)
+            if len(rows) == count // width:
+                break
+        made = list(rows.values())
+        made += [made[k % len(made)] for k in range(count // width - len(made))]
+        return (torch.stack(made) + lo).to(facts.dtype).reshape(shape)
     # every value of the range (its ends always), in a seeded order
     values = torch.arange(count) % (hi - lo) + lo
     values[-1] = hi - 1
@@ -189,6 +202,8 @@ def drafts(
                 args.append(_drafted(slot.facts, n, opts[k], gen, agree))
             elif slot.kind == "intlists":
                 args.append(_groups(slot.width, n, opts[k], gen))
+            elif slot.kind == "ints":
+                args.append([opts[k]] * slot.width)
             elif slot.kind == "float":
                 args.append(next(floats))
             else:
@@ -406,7 +421,7 @@ def _at_size(slots: list[Slot], combo: tuple, n: int, to: int) -> tuple:
     the choices at `to` (4 is n itself at n = 4)."""
     out = []
     for slot, k in zip(slots, combo, strict=True):
-        if slot.kind == "int":
+        if slot.kind in ("int", "ints"):
             before, after = _choices(slot, n), _choices(slot, to)
             value = to if before[k] == n else before[k]
             k = after.index(value) if value in after else k

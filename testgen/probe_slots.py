@@ -49,6 +49,8 @@ class TensorFacts:
     resized: bool = False  # the code resizes it (an output it sizes itself)
     counted: int | None = None  # slot of the number a row's width exceeds by one, where each
     # row starts with the count of the indices that follow it
+    coordinates: bool = False  # rows of grid coordinates, as wide as the dimensions a list of
+    # numbers gives (never negative: no -1 means "none" in a grid cell's address)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -151,8 +153,10 @@ class Slot:
     kind: str
     facts: TensorFacts | None = None
     modes: tuple = ()
-    width: int = 1  # of a list of index groups: the indices one entry of a group takes
+    width: int = 1  # of a list of index groups: the indices one entry of a group takes; of
+    # a list of numbers (one a spatial dimension): how many it holds
     factors: tuple = ()  # of a number the code checks to be their product: their slots
+    first: int | None = None  # of a list of numbers: the value tried first (None: the size n)
 
 
 _PRODUCT = re.compile(
@@ -267,6 +271,84 @@ def string_modes(code: str, name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([a or b for a, b in compared] + keys))[:6]
 
 
+_PER_DIMENSION = (  # a convolution's numbers per spatial dimension, as the field names them:
+    # the usual 3-wide kernel at stride 1, padded by 1, undilated; shapes and sizes are n
+    (re.compile(r"kernel|ksize|filter", re.I), 3),
+    (re.compile(r"stride|dilat|pad", re.I), 1),
+)
+
+
+def _length_checks(code: str, name: str) -> tuple[int | None, tuple | None]:
+    """(length, link) of the list of numbers `name` as the code checks its size: a literal
+    (`ksize.size() == 3`), or a tensor's dimension less a number, directly or through a local
+    (`coorDim = indices.size(1) - 1; ... kernelSize.size() == coorDim`): link (tensor name,
+    dimension, the number)."""
+    n = re.escape(name)
+    sized = rf"\b{n}\s*\.\s*size\s*\(\s*\)\s*==\s*"
+    m = re.search(sized + r"(\d+)\b", code)
+    if m and 0 < int(m[1]) <= 8:
+        return int(m[1]), None
+    dim = r"([A-Za-z_]\w*)\s*\.\s*size\s*\(\s*(\d)\s*\)\s*(?:-\s*(\d)\b)?"
+    m = re.search(sized + dim + r"\s*[,)]", code)
+    if m:
+        return None, (m[1], int(m[2]), int(m[3] or 0))
+    for m in re.finditer(sized + r"([A-Za-z_]\w*)\s*[,)]", code):
+        local = re.search(rf"\b{re.escape(m[1])}\s*=\s*{dim}\s*;", code)
+        if local:
+            return None, (local[1], int(local[2]), int(local[3] or 0))
+    return None, None
+
+
+def per_dimension(slots: list[Slot], params, texts: list[tuple[str, list[str]]]) -> None:
+    """Lists of numbers, one per spatial dimension (a sparse convolution's kernel size,
+    stride, padding, dilation and output shape as `std::vector<int64_t>`): as long as the code
+    checks, else as the bound instantiation's number (`&f<3>`: NDim), else 3; a tensor the
+    code checks a list's length against (`indices.size(1) - 1`: one column a dimension after
+    the batch's) drafted that wide, as coordinates; and each list first at the value its name
+    gives (a shape's, n only: a grid smaller than the coordinates is addressed out of bounds
+    inside the code's own buffers, where AddressSanitizer's fences are not)."""
+    lists = [i for i, s in enumerate(slots) if s.kind == "ints"]
+    if not lists:
+        return
+    lengths, links = {}, {}
+    for code, names in texts:
+        index = {n: i for i, n in enumerate(names) if i < len(slots) and n}
+        for i in lists:
+            if i < len(names) and names[i]:
+                length, link = _length_checks(code, names[i])
+                if length and i not in lengths:
+                    lengths[i] = length
+                if link and link[0] in index and i not in links:
+                    links[i] = (index[link[0]], *link[1:])
+    bound = [re.search(r"&\s*[\w:]+\s*<\s*(\d)\s*>\s*\)", code) for code, _ in texts]
+    common = next(iter(lengths.values()), None) or next((int(b[1]) for b in bound if b), 3)
+    for i in lists:
+        slot = slots[i]
+        slot.width = lengths.get(i, common)
+        name = params[i][1] or ""
+        slot.first = next((v for pattern, v in _PER_DIMENSION if pattern.search(name)), None)
+        if i in links and slots[links[i][0]].kind == "tensor":
+            tensor, dim, less = links[i]
+            facts = slots[tensor].facts
+            facts.fixed_dims[dim] = slot.width + less
+            facts.rank = max(facts.rank, dim + 1)
+            facts.coordinates = not facts.dtype.is_floating_point
+
+
+def int_flags(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
+    """Integers the code only asks "not zero?" of (`bool subM = _subM != 0;`: a mode passed as
+    an int64 through torch.ops) are flags, drafted off, then on: drafted as sizes, every draft
+    kept would ask for one mode."""
+    for code, names in texts:
+        for i, name in enumerate(names[: len(slots)]):
+            if not name or slots[i].kind != "int":
+                continue
+            n = re.escape(name)
+            asked = rf"\bbool\s+\w+\s*=\s*(?:{n}\s*!=\s*0|\(\s*{n}\s*!=\s*0\s*\)|{n})\s*;"
+            if re.search(asked, code):
+                slots[i] = Slot("flag")
+
+
 def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]]) -> list | None:
     """A slot per parameter, tensors with what `texts` (code, its names for the parameters by
     position) say of them; None when a parameter is of a kind no draft makes."""
@@ -289,6 +371,9 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
                 return None
             slots.append(Slot(kind, width=width))
             continue
+        if kind == "ints":  # numbers, one per spatial dimension (probe_slots.per_dimension)
+            slots.append(Slot(kind))
+            continue
         if kind not in ("tensor", "int", "float", "bool"):
             return None
         facts = None
@@ -298,7 +383,9 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
                 if i < len(names) and names[i]:
                     read_facts(code, names[i], facts, aliases)
         slots.append(Slot(kind, facts))
+    int_flags(slots, texts)
     products(slots, texts)
+    per_dimension(slots, params, texts)
     views(slots, texts)
     counted_rows(slots, texts)
     return slots if any(s.kind == "tensor" for s in slots) else None

@@ -465,7 +465,10 @@ def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str 
         return f"{item.names[0]} has a CPU branch, but is a function template: no adapter"
     closure = host_closure(refs, item, host, _host_side)
     params = [n for _, n in sig.params]
-    return Located("device branch", host, plain, params, item.names[0], closure=closure)
+    bound = sig.template_args if sig.template else ""  # the label's instantiation (`f<3>`)
+    return Located(
+        "device branch", host, plain, params, item.names[0], template_args=bound, closure=closure
+    )
 
 
 def _twin_of(cpu: str, names: set[str]) -> bool:

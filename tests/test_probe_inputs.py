@@ -164,8 +164,9 @@ def test_a_string_parameter_tries_the_modes_the_code_names():
 
 
 def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts(tmp_path):
-    listed = [("std::vector<int64_t>", "sizes"), ("at::Tensor", "x")]
+    listed = [("std::vector<float>", "scales"), ("at::Tensor", "x")]
     assert slots_for(listed, []) is None
+    assert slots_for([("std::vector<std::vector<int>>", "g"), ("at::Tensor", "x")], []) is None
     assert slots_for([("int", "n"), ("float", "alpha")], []) is None
     why = probed_calls(listed, [], tmp_path / "none.cpp", tmp_path)
     assert isinstance(why, str) and "no call can be drafted" in why
@@ -430,3 +431,62 @@ def test_an_output_the_code_resizes_grows_unfenced_for_a_taller_input(tmp_path):
     assert isinstance(calls, list)
     shapes = [tuple(c.args[0].shape) for c in calls]
     assert (48, 48) in shapes and (49, 48) in shapes  # the taller input ran clean
+
+
+SPARSE_GRID = """
+template <unsigned NDim>
+std::vector<at::Tensor> pairs_cuda(at::Tensor indices, int64_t batchSize,
+                                   std::vector<int64_t> outShape, std::vector<int64_t> kernelSize,
+                                   std::vector<int64_t> dilation, int64_t _subM) {
+  auto coorDim = indices.size(1) - 1;
+  TORCH_CHECK(kernelSize.size() == coorDim, "kernel");
+  TORCH_CHECK(outShape.size() == coorDim, "shape");
+  auto grid = tv::torch2tv<const int>(indices);
+  pairs_kernel<<<1, 32>>>(grid, batchSize);
+  return {indices};
+}
+void kminer_bind(pybind11::module_& m) { m.def("pairs_cuda", &pairs_cuda<2>); }
+"""
+GRID_PARAMS = [
+    ("at::Tensor", "indices"),
+    ("int64_t", "batchSize"),
+    ("std::vector<int64_t>", "outShape"),
+    ("std::vector<int64_t>", "kernelSize"),
+    ("std::vector<int64_t>", "dilation"),
+    ("int64_t", "_subM"),
+]
+
+
+def test_lists_of_numbers_per_dimension_and_their_coordinates_are_drafted_together():
+    """A sparse convolution's host function (spconv's `std::vector<int64_t>` kernel size,
+    dilation and output shape, checked to be as long as the coordinate table has columns after
+    the batch's): each list as long as the bound instantiation says (`<2>`), the shape n, the
+    kernel 3 and the dilation 1 first; the table NDim + 1 wide, its rows distinct cells of the
+    grid, never negative (a grid smaller than its coordinates, or a cell at -1, is addressed out
+    of bounds inside the code's own buffers, where the sanitizer's fences are not)."""
+    names = [n for _, n in GRID_PARAMS]
+    slots = slots_for(GRID_PARAMS, [(SPARSE_GRID, names)])
+    assert slots is not None
+    assert [s.kind for s in slots] == ["tensor", "int", "ints", "ints", "ints", "int"]
+    assert [s.width for s in slots[2:5]] == [2, 2, 2]
+    assert [s.first for s in slots[2:5]] == [None, 3, 1]
+    table = slots[0].facts
+    assert table.fixed_dims == {1: 3} and table.coordinates and table.dtype == torch.int32
+    made = drafts(slots, 16)
+    combo, args = made[0]
+    indices, batch, shape, kernel, dilation, sub = args
+    assert list(indices.shape) == [16, 3] and int(indices.min()) >= 0 and int(indices.max()) < 16
+    assert len({tuple(r) for r in indices.tolist()}) == 16  # every cell once
+    assert (batch, shape, kernel, dilation, sub) == (16, [16, 16], [3, 3], [1, 1], 16)
+    for _, other in made:
+        assert other[2] == [16, 16]  # the shape is never smaller than the coordinates
+        assert int(other[0].min()) >= 0
+    assert {tuple(a[3]) for _, a in made} >= {(3, 3), (16, 16), (1, 1)}
+    # the length a check says, literally, wins over the instantiation's; without either, 3
+    literal = SPARSE_GRID.replace("kernelSize.size() == coorDim", "kernelSize.size() == 3")
+    assert slots_for(GRID_PARAMS, [(literal, names)])[3].width == 3
+    bare = slots_for(GRID_PARAMS, [(SPARSE_GRID.replace("<2>", ""), names)])
+    assert bare[2].width == 3 and bare[0].facts.fixed_dims == {1: 4}  # the table follows
+    unlinked = SPARSE_GRID.replace("== coorDim", "> 0").replace("<2>", "")
+    alone = slots_for(GRID_PARAMS, [(unlinked, names)])
+    assert alone[0].facts.fixed_dims == {} and not alone[0].facts.coordinates

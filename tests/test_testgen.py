@@ -722,6 +722,35 @@ def _generated_test_module(refrepo, tmp_path):
     return module
 
 
+def test_indices_into_a_table_of_rows_in_any_order_are_compared_by_the_rows_they_name(
+    refrepo, tmp_path
+):
+    """A sparse convolution's outputs: the distinct output cells (a table its threads fill in
+    sorted order, its CPU twin in the order it finds them) and pairs (input row, output row)
+    per kernel offset. The reference's output-row indices are renumbered to the label's order
+    of the same cells; input-row indices, which agree as they are, are left alone; a label
+    that pairs an input with another cell, or holds other cells, fails."""
+    module = _generated_test_module(refrepo, tmp_path)
+    assert module.ORDER_FREE
+    cells_ref = torch.tensor([[0, 5, 5], [0, 1, 2], [1, 0, 0]], dtype=torch.int32)
+    cells_gpu = torch.tensor([[0, 1, 2], [0, 5, 5], [1, 0, 0]], dtype=torch.int32)  # sorted
+    # pairs[offset, 0 | 1, k]: input row k pairs with output row; -1 past each offset's count
+    pairs_ref = torch.tensor([[[0, 1, 2, -1], [0, 1, 2, -1]], [[1, 0, -1, -1], [0, 2, -1, -1]]])
+    pairs_gpu = torch.tensor([[[2, 0, 1, -1], [2, 1, 0, -1]], [[0, 1, -1, -1], [2, 1, -1, -1]]])
+    counts = torch.tensor([3, 2])
+    want = [cells_ref, pairs_ref.int(), counts]
+    assert module._compare([cells_gpu, pairs_gpu.int(), counts], want, "float32")[0]
+    wrong = pairs_gpu.clone()
+    wrong[1, 1, 0] = 0  # input 0 paired with cell [0, 1, 2] instead of [0, 5, 5]
+    assert not module._compare([cells_gpu, wrong.int(), counts], want, "float32")[0]
+    other = cells_gpu.clone()
+    other[2, 2] = 1  # a cell the reference does not hold
+    assert not module._compare([other, pairs_gpu.int(), counts], want, "float32")[0]
+    renumbered = module._renumbered([cells_gpu, pairs_gpu.int(), counts], want)
+    assert torch.equal(renumbered[1][:, 0], pairs_ref[:, 0].int())  # input rows untouched
+    assert renumbered[1].dtype == torch.int32
+
+
 def test_outputs_sorted_by_the_repository_compare_along_their_last_dim(refrepo, tmp_path):
     """SORTED_LAST (testgen/caller_sorts.py): each row's values in any order match, another
     multiset in a row does not, and without the flag order still counts."""
