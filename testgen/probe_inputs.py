@@ -123,11 +123,10 @@ def _tensor(
         return _columns(facts, n, values[1], gen)
     lo, hi = values
     if len(shape) >= 2 and 1 < shape[-1] <= hi - lo:  # a table of index rows: each row distinct
-        width = shape[-1]  # within and, while draws allow, from the others (coordinates: a
-        rows: dict = {}  # kernel writing each row's grid cell would race on a repeated one)
-        for _ in range(8 * (count // width)):
-            row = torch.randperm(hi - lo, generator=gen)[:width]
-            rows.setdefault(tuple(row.tolist()), row)
+        width, rows = shape[-1], {}  # within; coordinates, while draws allow, from each other
+        for k in range(8 * (count // width) if facts.coordinates else count // width):
+            row = torch.randperm(hi - lo, generator=gen)[:width]  # (a kernel writing each
+            rows[tuple(row.tolist()) if facts.coordinates else k] = row  # cell would race)
             if len(rows) == count // width:
                 break
         made = list(rows.values())
