@@ -3,18 +3,19 @@
 An op that reads index tensors has no valid call by rule: torchsparse's `count_cuda(idx, s)` bumps
 `out[idx[i]]` and `voxelize_forward_cuda(inputs, idx, counts)` reads `counts[idx[i]]`, and an index
 past its table is undefined behaviour in the kernel and in the reference alike. The CPU
-implementation the test compares with knows the contract, though, and built with AddressSanitizer
-it reports the first read or write outside a tensor. So calls are drafted from the host function's
+implementation the test compares with knows the contract, though, and built with AddressSanitizer it
+reports the first read or write outside a tensor. So calls are drafted from the host function's
 signature and the code around it (each tensor's dtype and rank as the code reads them, a size the
 code checks against a number, every other size the same n, each integer tensor holding every value
 of a range, a table's rows each distinct (a kernel writing through a row of indices would race on a
 repeated one), a table of rows that each start with a count a partition of the indices (each listed
 once in the whole table), each integer a size or a small count, each flag either way, each string a
-mode the code names) and run through that build in the sandbox (standalone/probe.py). A draft
-counts when it ran without a report, an exception or a crash and wrote something not zero; the
-first KEEP such drafts in order of preference (the widest ranges, the size itself) are kept at each
-n, so an op of integer tensors alone (no dtype to vary) still gets enough cases over three shapes
-when the GPU finds some of them invalid.
+mode the code names, each list of numbers one a spatial dimension: a sparse convolution's kernel
+size, stride and shape, with its coordinates that many columns wide) and run through that build in
+the sandbox (standalone/probe.py). A draft counts when it ran without a report, an exception or a
+crash and wrote something not zero; the first KEEP such drafts in order of preference (the widest
+ranges, the size itself) are kept at each n, so an op of integer tensors alone (no dtype to vary)
+still gets enough cases over three shapes when the GPU finds some of them invalid.
 
 `KMINER_PROBE=off` turns the probe off (each probed op costs an ASan build, ~30 s of g++).
 

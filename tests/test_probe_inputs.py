@@ -438,6 +438,7 @@ template <unsigned NDim>
 std::vector<at::Tensor> pairs_cuda(at::Tensor indices, int64_t batchSize,
                                    std::vector<int64_t> outShape, std::vector<int64_t> kernelSize,
                                    std::vector<int64_t> dilation, int64_t _subM) {
+  bool subM = _subM != 0;
   auto coorDim = indices.size(1) - 1;
   TORCH_CHECK(kernelSize.size() == coorDim, "kernel");
   TORCH_CHECK(outShape.size() == coorDim, "shape");
@@ -463,21 +464,23 @@ def test_lists_of_numbers_per_dimension_and_their_coordinates_are_drafted_togeth
     the batch's): each list as long as the bound instantiation says (`<2>`), the shape n, the
     kernel 3 and the dilation 1 first; the table NDim + 1 wide, its rows distinct cells of the
     grid, never negative (a grid smaller than its coordinates, or a cell at -1, is addressed out
-    of bounds inside the code's own buffers, where the sanitizer's fences are not)."""
+    of bounds inside the code's own buffers, where the sanitizer's fences are not); an int64
+    the code reads as `!= 0` a flag."""
     names = [n for _, n in GRID_PARAMS]
     slots = slots_for(GRID_PARAMS, [(SPARSE_GRID, names)])
     assert slots is not None
-    assert [s.kind for s in slots] == ["tensor", "int", "ints", "ints", "ints", "int"]
+    assert [s.kind for s in slots] == ["tensor", "int", "ints", "ints", "ints", "flag"]
     assert [s.width for s in slots[2:5]] == [2, 2, 2]
     assert [s.first for s in slots[2:5]] == [None, 3, 1]
     table = slots[0].facts
     assert table.fixed_dims == {1: 3} and table.coordinates and table.dtype == torch.int32
     made = drafts(slots, 16)
-    combo, args = made[0]
+    _, args = made[0]
     indices, batch, shape, kernel, dilation, sub = args
     assert list(indices.shape) == [16, 3] and int(indices.min()) >= 0 and int(indices.max()) < 16
     assert len({tuple(r) for r in indices.tolist()}) == 16  # every cell once
-    assert (batch, shape, kernel, dilation, sub) == (16, [16, 16], [3, 3], [1, 1], 16)
+    assert (batch, shape, kernel, dilation, sub) == (16, [16, 16], [3, 3], [1, 1], 0)
+    assert {a[5] for _, a in made} == {0, 1}  # the mode off, then on (not sizes: all on)
     for _, other in made:
         assert other[2] == [16, 16]  # the shape is never smaller than the coordinates
         assert int(other[0].min()) >= 0

@@ -642,6 +642,38 @@ def test_a_launcher_with_its_own_cpu_branch_is_its_reference_on_the_host(tmp_pat
     assert isinstance(why, str) and why.startswith("no CPU function"), why
 
 
+def test_a_templated_launchers_device_branch_binds_the_labels_instantiation(tmp_path):
+    """spconv's index-pair launcher is `template <unsigned NDim>`, its label binding
+    `&f<2>`: the reference binds the same instantiation (a bare `&f` names no function)."""
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    _pool_repo(repo)
+    templated = _POOL_CU.replace(
+        "at::Tensor maxpool_forward_cuda(",
+        "template <unsigned NDim>\nat::Tensor maxpool_forward_cuda(",
+    )
+    op = "at::Tensor maxpool_2d(at::Tensor in, at::Tensor idx, int64_t n) {\n"
+    op += "  return maxpool_forward_cuda<2>(in, idx, n);\n}\n"  # the repository's instantiation
+    (repo / "csrc" / "cuda" / "pool.cu").write_text(templated + op)
+    kern = Kernel(
+        name="maxpool_kernel", file="csrc/cuda/pool.cu", line=5, start_line=5, end_line=8, source=""
+    )
+    cand = Candidate(
+        id="e" * 16, kernel=kern, provenance=Provenance(repo_url="https://x/p", commit="b" * 40)
+    )
+    cand.wrapper.launcher, cand.wrapper.functions = "MaxPool", ["maxpool_forward_cuda"]
+    cand.wrapper.label_path = "label.cu"
+    work.mkdir()
+    bind = 'm.def("maxpool_forward_cuda", &maxpool_forward_cuda<2>);'
+    (work / "label.cu").write_text(
+        f"{templated}\nvoid kminer_bind(pybind11::module_& m) {{ {bind} }}\n"
+    )
+    ref = find_reference(cand, repo, work, RepoRefs(discover(repo)))
+    assert isinstance(ref, Reference), ref
+    text = (work / ref.path).read_text()
+    assert "(device branch)" in text
+    assert 'm.def("reference", &maxpool_forward_cuda<2>)' in text
+
+
 def test_the_label_keeps_the_gpu_side_of_its_launchers_device_tests(tmp_path):
     """The same launcher as a label: it runs only on the GPU, and its CPU side calls a functor
     compiled in a source no label links (an undefined symbol at import, as mmcv's max-pool
