@@ -1,6 +1,7 @@
 """Issue 17's table for one repository: what its kernels became, against the census.
 
     python benchmarks/dev_rows.py --workdir W --census benchmarks/census/OWNER__NAME.csv [--json]
+        [--results R1.json R2.json ...]
 
 Reads a workdir whose verify stage holds a GPU run (`kminer ingest`). A kernel passes when its
 test passed on the GPU with every kind of wrong variant killed and enough cases and shapes (the
@@ -9,6 +10,10 @@ a CPU or pure-PyTorch implementation in the repository; a census kernel counts a
 any candidate of it (a specialization) passed. Rows are counted as the export makes them: one
 kernel-level row per passing candidate, and one op-level row per label that holds several
 kernels (curation.ops) whose every kernel passed.
+
+`--results`: GPU results files (run.py's output) for the candidates the workdir holds no verify
+result for, by candidate id, the first file holding one winning: a device session too short
+for a whole repository adds the earlier runs of the same tests (same id), and says which.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 
-def table(workdir: Path, census: Path) -> dict:
+def table(workdir: Path, census: Path, results: list[Path] = ()) -> dict:
     from curation import ops
     from curation.instructions import read_label
     from miner.candidate import StageName, Status
@@ -33,9 +38,17 @@ def table(workdir: Path, census: Path) -> dict:
     finally:
         store.close()
 
+    earlier: dict = {}  # id -> (file, outcome), the first file holding the id
+    for path in results:
+        for cid, entry in json.loads(path.read_text())["entries"].items():
+            earlier.setdefault(cid, (path.name, entry.get("outcome", "")))
+    sources: Counter = Counter()
+
     def outcome(c) -> str:
         v = c.stage(StageName.VERIFY)
-        return (v.metrics.get("outcome") or v.status.value) if v else ""
+        if v:
+            return v.metrics.get("outcome") or v.status.value
+        return earlier.get(c.id, ("", ""))[1]
 
     built = [c for c in cands if (b := c.stage(StageName.BUILD)) and b.status == Status.OK]
     passed = [c for c in cands if outcome(c) == "pass"]
@@ -49,6 +62,9 @@ def table(workdir: Path, census: Path) -> dict:
     ref_pass = [r for r in with_ref if (r["file"], r["kernel"]) in ok]
     launched_ref = [r for r in with_ref if r["launched"] == "y"]
     tested = [c for c in cands if c.tests.path]
+    for c in tested:
+        if not c.stage(StageName.VERIFY) and c.id in earlier:
+            sources[earlier[c.id][0]] += 1
     return {
         "repository": cands[0].provenance.repo_url if cands else str(workdir),
         "kernels": len(cands),
@@ -70,6 +86,7 @@ def table(workdir: Path, census: Path) -> dict:
         ),
         "kernel_rows": len(passed),
         "op_rows": op_rows,
+        "outcomes_from_results": dict(sources),  # candidates not verified in this workdir
     }
 
 
@@ -78,8 +95,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--census", type=Path, required=True)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--results", type=Path, nargs="*", default=[])
     args = ap.parse_args(argv)
-    t = table(args.workdir, args.census)
+    t = table(args.workdir, args.census, args.results)
     if args.json:
         print(json.dumps(t))
         return 0
@@ -91,6 +109,8 @@ def main(argv: list[str]) -> int:
         f"{t['op_rows']} |"
     )
     print(f"  outcomes: {t['outcomes']}; census kernels not passing: {t['census_missing']}")
+    if t["outcomes_from_results"]:
+        print(f"  outcomes read from earlier results: {t['outcomes_from_results']}")
     return 0
 
 
