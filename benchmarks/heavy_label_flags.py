@@ -1,14 +1,14 @@
 """Wall seconds of one heavy label's device compile under each device-optimization setting.
 
-A label whose dispatch stamps out hundreds of instantiations (mamba's selective_scan_bwd: 3
-input types x 2 weight types x 5 thread shapes x 32 switch settings = 960 kernels) takes longer
-to build than a device call lasts, and its test builds it again for every wrong variant. A wrong
-variant is only ever compared with the reference, never timed, so it may be built with less
-device optimization, if that is where the time goes. This measures it: the label compiled with
-`nvcc -c` (the flags cpp_extension passes, the machine's one arch) once per setting, the
-settings side by side on the machine's cores (`--split-compile` shares them out), each with
-nvcc's `--time` phase log, and prints the wall times and their ratios to the default in one
-JSON object (also written to --out). A setting not done within --limit seconds says so.
+A label whose dispatch stamps out hundreds of instantiations (mamba's selective_scan_bwd: 3 input
+types x 2 weight types x 5 thread shapes x 32 switch settings = 960 kernels) takes longer to build
+than a device call lasts, and its test builds it again for every wrong variant. A wrong variant is
+only ever compared with the reference, never timed, so it may be built with less device
+optimization, if that is where the time goes. This measures it: the label compiled with `nvcc -c`
+(toolchain.extension_flags: what cpp_extension passes, the machine's one arch) once per setting, the
+settings side by side on the machine's cores (`--split-compile` shares them out), each with nvcc's
+`--time` phase log, and prints the wall times and their ratios to the default in one JSON object
+(also written to --out). A setting not done within --limit seconds says so.
 
     python3 benchmarks/heavy_label_flags.py LABEL.cu --limit 540 --out result.json
 """
@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,11 +41,7 @@ def compile_once(label: Path, extra: list[str], threads: int, limit: float, tmp:
     timing = tmp / "time.csv"
     argv = [
         toolchain.nvcc_path() or "nvcc", "-c", str(label), "-o", str(tmp / "label.o"),
-        f"-std=c++{toolchain.cxx_standard().removeprefix('c++')}", "-w", "--expt-relaxed-constexpr",
-        "--compiler-options", "-fPIC", *toolchain.NVCC_DEFINES, *toolchain.arch_flags(),
-        *[f"-I{d}" for d in (*toolchain.torch_include_dirs(), sysconfig.get_paths()["include"])],
-        *toolchain.abi_flags(),
-        "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=heavy",
+        *toolchain.extension_flags(), "-DTORCH_EXTENSION_NAME=heavy",
         f"--split-compile={threads}", "--time", str(timing), *extra,
     ]  # fmt: skip
     start = time.perf_counter()
