@@ -73,8 +73,11 @@ def _supervise(spec_path: Path) -> int:
             report["over_memory"] = True
             break
         time.sleep(0.05)
-    alive = [p for p in _descendants(os.getpid()) if not _zombie(p)]
-    report["left_behind"] = len(alive) - (child.poll() is None)  # beyond the code's own process
+    try:  # a count only: an error here must not keep the tree alive or lose the report
+        alive = [p for p in _descendants(os.getpid()) if not _zombie(p)]
+        report["left_behind"] = len(alive) - (child.poll() is None)  # beyond the code's own
+    except Exception as exc:
+        report["notes"] += [f"left-behind count failed: {exc!r}"]
     _end_tree(child.pid, spec["uid"])
     result_path.write_text(json.dumps(report))
     return 0
@@ -214,10 +217,15 @@ def _deny_network(libc) -> None:
 
 
 def _children(pid: int) -> list[int]:
+    """A process's children; none once it is gone (it may end while it is read)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    for task in tasks:
         with contextlib.suppress(OSError, ValueError):
-            found += [int(c) for c in (task / "children").read_text().split()]
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
     return found
 
 
