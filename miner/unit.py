@@ -98,6 +98,21 @@ struct binary_function {
 #endif"""
 
 
+# THC's device helpers (THCDeviceUtils.cuh, also reached through THC/THC.h), which torch no
+# longer ships: device code of old extensions calls them; guarded, so a label whose legacy block
+# (wrappers/legacy.py) defines them too has them once
+THC_DEVICE_COMPAT = """\
+// kminer: THCCeilDiv and THCRoundUp, which torch's THC headers defined before they were removed
+#ifndef KMINER_THC_DEVICE_UTILS
+#define KMINER_THC_DEVICE_UTILS 1
+template <typename T>
+__host__ __device__ __forceinline__ T THCCeilDiv(T a, T b) { return (a + b - 1) / b; }
+template <typename T>
+__host__ __device__ __forceinline__ T THCRoundUp(T a, T b) { return THCCeilDiv(a, b) * b; }
+#endif"""
+_THC_DEVICE_USE = re.compile(r"\bTHC(?:CeilDiv|RoundUp)\b")
+_THC_DEVICE_DEF = re.compile(r"\bTHC(?:CeilDiv|RoundUp)\s*\([^()]*\)\s*(?:const\s*)?\{")
+
 # standard names a repository's code often gets through torch's headers (a full ATen include
 # brings <iomanip> and <sstream>), which a unit's lighter includes do not
 _STD_HEADER_OF = {
@@ -114,14 +129,16 @@ _STD_USE = re.compile(r"\bstd\s*::\s*(" + "|".join(_STD_HEADER_OF) + r")\b")
 
 
 def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
-    """What today's toolkit removed and the closure's code still uses, defined again, and the
-    standard headers its code uses without including them."""
+    """What today's toolkit (CCCL, torch's THC) removed and the closure's code still uses, defined
+    again, and the standard headers its code uses without including them."""
     texts = [e.item.source(models[e.item.file].text) for e in closure.entries]
     included = {e.header for e in closure.externals}
     wanted = {_STD_HEADER_OF[m] for t in texts for m in _STD_USE.findall(t)} - included
     lines = [f"#include <{h}>" for h in sorted(wanted)]
     if any(_THRUST_FUNCTIONAL.search(t) for t in texts):
         lines += THRUST_COMPAT.splitlines()
+    if any(map(_THC_DEVICE_USE.search, texts)) and not any(map(_THC_DEVICE_DEF.search, texts)):
+        lines += THC_DEVICE_COMPAT.splitlines()
     return lines
 
 

@@ -115,25 +115,91 @@ class Step:
     args: list[str]
 
 
+_CAT = re.compile(r"^(?:at|torch)::cat\s*\(\s*\{(.*)\}\s*(?:,\s*(-?\d+)\s*)?\)$", re.DOTALL)
+_UNSQUEEZE = re.compile(r"^([A-Za-z_]\w*)\s*\.\s*unsqueeze\s*\(\s*(-?\d+)\s*\)$")
+
+
+def local_values(body: str) -> dict[str, str]:
+    """A function's locals assigned once, by name: the expression each holds."""
+    brace = body.find("{")
+    found: dict[str, list[str]] = {}
+    for m in re.finditer(
+        r"(?<=[;{}])\s*(?:const\s+)?(?:auto|[\w:]*Tensor)\s+([A-Za-z_]\w*)\s*=(?!=)"
+        r"\s*([^;]+);",
+        body[max(brace, 0) :],
+    ):
+        found.setdefault(m.group(1), []).append(" ".join(m.group(2).split()))
+    return {k: v[0] for k, v in found.items() if len(v) == 1}
+
+
+def unjoined(joined: str, expr: str) -> dict[str, str]:
+    """Each parameter an `at::cat` of parameters joins, as a view of the joined tensor
+    (`joined`): `at::cat({dets, scores.unsqueeze(1)}, 1)` gives `dets` as
+    `b.narrow(1, 0, b.size(1) - 1)` and `scores` as `b.select(1, b.size(1) - 1)`. Only a join
+    whose parts have known widths but one (an unsqueezed part is one wide) can be undone."""
+    m = _CAT.match(expr.strip())
+    if not m:
+        return {}
+    dim = int(m.group(2) or 0)
+    parts: list[tuple[str, bool]] = []  # (parameter, one wide)
+    for part in split_top(m.group(1)):
+        one = _UNSQUEEZE.match(part.strip())
+        if one and int(one.group(2)) == dim:
+            parts.append((one.group(1), True))
+        elif re.fullmatch(r"[A-Za-z_]\w*", part.strip()):
+            parts.append((part.strip(), False))
+        else:
+            return {}
+    if sum(not one for _, one in parts) > 1 or len({n for n, _ in parts}) < len(parts):
+        return {}
+    x = joined if re.fullmatch(r"[A-Za-z_]\w*", joined) else f"({joined})"
+    size = f"{x}.size({dim})"
+    wide = next((i for i, (_, one) in enumerate(parts) if not one), len(parts))
+    out = {}
+    for i, (name, one) in enumerate(parts):
+        if not one:
+            out[name] = f"{x}.narrow({dim}, {i}, {size} - {len(parts) - 1})"
+        elif i < wide:
+            out[name] = f"{x}.select({dim}, {i})"
+        else:
+            out[name] = f"{x}.select({dim}, {size} - {len(parts) - i})"
+    return out
+
+
 def map_arguments(
     steps: list[Step],
     exposed_params: list[str],
     cpu_args: list[str],
     bridge_locals: set[str],
     cpu_fn: str,
+    bridge_values: dict[str, str] | None = None,
 ) -> list[str] | str:
     """The CPU call's arguments over the exposed function's parameters, or why there are none.
 
     `steps` go upward: steps[0].callee is the exposed function, steps[-1].caller the bridge (the
     function whose parameters `cpu_args` are written in). With no steps the exposed function is
-    the bridge itself."""
+    the bridge itself. `bridge_values` (the bridge's locals: `local_values`) undo a join of the
+    bridge's parameters that it passes on (`unjoined`)."""
     env = {p: p for p in exposed_params if p}
     bridge = steps[-1].caller if steps else ""
     for step in steps:
         back = invert(step.caller_params, step.callee_params, step.args)
-        env = {
-            p: env[step.callee_params[i]] for p, i in back.items() if step.callee_params[i] in env
-        }
+        below, env = (
+            env,
+            {
+                p: env[step.callee_params[i]]
+                for p, i in back.items()
+                if step.callee_params[i] in env
+            },
+        )
+    if steps and bridge_values:
+        last = steps[-1]
+        for arg, param in zip(last.args, last.callee_params, strict=False):
+            name = plain_name(arg)
+            if name in bridge_values and param in below:
+                for part, view in unjoined(below[param], bridge_values[name]).items():
+                    if part in last.caller_params:
+                        env.setdefault(part, view)
     params = set(steps[-1].caller_params) if steps else set(exposed_params)
     out = []
     for arg in cpu_args:

@@ -7,7 +7,8 @@ Repository text is never run: it is parsed as a Python expression tree (C++ oper
 brace lists translated first) and only these nodes are evaluated: literals, names, + - * /
 (integer division truncating as in C++), comparisons, ! && ||, `t.size(k)`, `t.numel()`,
 `t.dim()`/`ndimension()`, `t.view({..})`/`reshape`, `t[i]`, `t.contiguous()`, `t.zero_()`,
-`t.options()` and `at::zeros/ones/empty({..}, options)`. Anything else is `Unmappable`.
+`t.unsqueeze(d)`, `t.options()`, `at::zeros/ones/empty({..}, options)` and `at::cat({..}, d)`.
+Anything else is `Unmappable`.
 
 A floating buffer the op allocates itself (at::zeros/empty) gets seeded random values: the
 launcher treats it as any other argument, and a buffer the op would have filled by a GEMM we do
@@ -23,9 +24,9 @@ from testgen.argmap import plain_name, split_top
 
 _LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
 _NUMBER_SUFFIX = re.compile(r"(?<=[\d.])[fFlLuU]+\b")
-_FACTORY = re.compile(r"\b(?:at|torch)::(zeros|ones|empty)\b")
+_FACTORY = re.compile(r"\b(?:at|torch)::(zeros|ones|empty|cat)\b")
 _TENSOR_METHODS = ("size", "numel", "dim", "ndimension", "view", "reshape", "contiguous")
-_TENSOR_METHODS += ("zero_", "options", "clone")
+_TENSOR_METHODS += ("zero_", "options", "clone", "unsqueeze")
 _STATEMENT = re.compile(
     r"(?<=[;{}])\s*(?:(?:const\s+)?(?:int|int64_t|int32_t|long|float|double|bool|auto|size_t"
     r"|Tensor|at::Tensor|torch::Tensor|(?:std|c10|at|torch)::optional\s*<[\w:\s]+>)\s+)?"
@@ -71,6 +72,20 @@ def _factory(kind: str, node: ast.Call, env: dict):
     return torch.zeros(shape, dtype=dtype)
 
 
+def _cat(node: ast.Call, env: dict):
+    """`at::cat({a, b.unsqueeze(1)}, 1)`: the tensors of a brace list, joined along a dim."""
+    import torch
+
+    parts = node.args[0] if node.args else None
+    if not isinstance(parts, ast.Set | ast.List | ast.Tuple) or len(node.args) > 2:
+        raise Unmappable("cat of what is not a brace list")
+    tensors = [_value(e, env) for e in parts.elts]
+    dim = _value(node.args[1], env) if len(node.args) > 1 else 0
+    if not all(hasattr(t, "shape") for t in tensors) or not isinstance(dim, int):
+        raise Unmappable("cat")
+    return torch.cat(tensors, dim)
+
+
 def _method(node: ast.Call, env: dict):
     attr = node.func.attr
     target = _value(node.func.value, env)
@@ -88,6 +103,8 @@ def _method(node: ast.Call, env: dict):
         return target.contiguous()
     if attr == "zero_" and not node.args:
         return target.new_zeros(target.shape)
+    if attr == "unsqueeze" and len(node.args) == 1:
+        return target.unsqueeze(int(_value(node.args[0], env)))
     if attr == "options" and not node.args:
         return {"dtype": target.dtype}
     raise Unmappable(attr)
@@ -144,6 +161,8 @@ def _value(node: ast.AST, env: dict):
         return target if target is not None else _raise("the value of an empty optional")
     if call and isinstance(node.func, ast.Attribute) and node.func.attr in _TENSOR_METHODS:
         return _method(node, env)
+    if call and isinstance(node.func, ast.Name) and node.func.id == "__kminer_cat":
+        return _cat(node, env)
     if call and isinstance(node.func, ast.Name) and node.func.id.startswith("__kminer_"):
         return _factory(node.func.id.removeprefix("__kminer_"), node, env)
     raise Unmappable(ast.dump(node)[:80])

@@ -39,7 +39,15 @@ from miner.repo_model import Discovery
 from miner.sources import GPU_SOURCE
 from miner.textprep import blank_comments_and_strings
 from miner.unit import render_host_code
-from testgen.argmap import Step, adapter, call_args, core_type, locals_of, map_arguments
+from testgen.argmap import (
+    Step,
+    adapter,
+    call_args,
+    core_type,
+    local_values,
+    locals_of,
+    map_arguments,
+)
 from testgen.call_site_twin import call_site_twin
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
@@ -286,7 +294,8 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             reasons.append(f"cannot read the calls from {exposed} up to {path[-1].names[0]}")
             return None
         bridge = path[-1]
-        mapped = map_arguments(steps, params, cpu_args, locals_of(refs.body(bridge)), cpu)
+        body = refs.body(bridge)
+        mapped = map_arguments(steps, params, cpu_args, locals_of(body), cpu, local_values(body))
         if isinstance(mapped, str):
             reasons.append(mapped)
             return None

@@ -143,6 +143,12 @@ def test_a_legacy_repository_mines_to_tests_on_todays_torch(tmp_path):
     assert "THCState *state = kminer_thc_state();" in label
     assert "\n#include <THC/THC.h>" not in label
     assert "__global__ void add_rows_kernel" in label  # the kernel itself as the repository has it
+    # the kernel calls THCCeilDiv, which only the removed THC headers defined: its unit gets it
+    # (no torch), its label once (the legacy block's and the unit's are one guarded block)
+    assert rows["add_rows_kernel"]["stages"]["compile"]["status"] == "ok"
+    unit = (wd / rows["add_rows_kernel"]["unit"]).read_text()
+    assert "#ifndef KMINER_THC_DEVICE_UTILS" in unit and "ATen" not in unit
+    assert label.count("#define KMINER_THC_DEVICE_UTILS 1") == 2  # the second one is skipped
 
 
 @pytest.mark.gpu

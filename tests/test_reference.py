@@ -453,6 +453,65 @@ def test_the_other_branch_of_a_device_test_is_the_cpu_side_whatever_its_name(tmp
     )  # fmt: skip
 
 
+def test_a_join_of_the_ops_arguments_before_the_gpu_call_is_undone_for_the_cpu_one(tmp_path):
+    """maskrcnn-benchmark's `nms(dets, scores, threshold)` joins boxes and scores into one
+    tensor for `nms_cuda(b, threshold)` (`b = at::cat({dets, scores.unsqueeze(1)}, 1)`) and
+    hands the CPU function the two apart: the reference takes them back out of the label's
+    `boxes` as views, and a recorded call of the op gives the label the joined tensor."""
+    import torch
+
+    from testgen.argmap import unjoined
+    from testgen.interp import evaluate
+
+    views = unjoined("boxes", "at::cat({dets, scores.unsqueeze(1)}, 1)")
+    assert views == {
+        "dets": "boxes.narrow(1, 0, boxes.size(1) - 1)",
+        "scores": "boxes.select(1, boxes.size(1) - 1)",
+    }
+    dets, scores = torch.rand(6, 4), torch.rand(6)
+    joined = evaluate("at::cat({dets, scores.unsqueeze(1)}, 1)", {"dets": dets, "scores": scores})
+    assert torch.equal(joined.narrow(1, 0, joined.size(1) - 1), dets)  # the views, as written
+    assert torch.equal(joined.select(1, joined.size(1) - 1), scores)
+    three = unjoined("x", "torch::cat({s.unsqueeze(0), a, t.unsqueeze(0)})")
+    assert three == {"s": "x.select(0, 0)", "a": "x.narrow(0, 1, x.size(0) - 2)",
+                     "t": "x.select(0, x.size(0) - 1)"}  # fmt: skip
+    assert unjoined("x", "at::cat({a, b}, 1)") == {}  # two widths unknown: no way back
+    assert unjoined("x", "at::cat({a * 2, b.unsqueeze(1)}, 1)") == {}
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "nms.cu").write_text(
+        "__global__ void nms_kernel(float *mask, const float *boxes, int n) {\n"
+        "  int i = threadIdx.x;\n  if (i < n) mask[i] = boxes[i * 5 + 4];\n}\n"
+        "at::Tensor nms_cuda(const at::Tensor boxes, float nms_overlap_thresh) {\n"
+        "  auto mask = at::zeros({boxes.size(0)}, boxes.options());\n"
+        "  nms_kernel<<<1, 256>>>(mask.data_ptr<float>(), boxes.data_ptr<float>(),"
+        " boxes.size(0));\n  return mask;\n}\n"
+    )
+    (repo / "src" / "nms_cpu.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "at::Tensor nms_cpu(const at::Tensor& dets, const at::Tensor& scores, const float t) {\n"
+        "  return scores.clone();\n}\n"
+    )
+    (repo / "src" / "vision.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "at::Tensor nms_cuda(const at::Tensor boxes, float nms_overlap_thresh);\n"
+        "at::Tensor nms_cpu(const at::Tensor& dets, const at::Tensor& scores, const float t);\n"
+        "at::Tensor nms(const at::Tensor& dets, const at::Tensor& scores, const float threshold)"
+        " {\n  if (dets.type().is_cuda()) {\n"
+        "    auto b = at::cat({dets, scores.unsqueeze(1)}, 1);\n"
+        "    return nms_cuda(b, threshold);\n  }\n"
+        "  at::Tensor result = nms_cpu(dets, scores, threshold);\n  return result;\n}\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("nms", &nms); }\n'
+    )
+    kern = Kernel(name="nms_kernel", file="src/nms.cu", line=1, start_line=1, end_line=4,
+                  source="")  # fmt: skip
+    cand = Candidate(id="e" * 16, kernel=kern, provenance=Provenance(repo_url="x", commit="a" * 40))
+    cand.wrapper.launcher, cand.wrapper.functions = "nms_cuda", ["nms_cuda"]
+    found = locate(cand, RepoRefs(discover(repo)))
+    assert found.cpu.names[0] == "nms_cpu"
+    assert found.args == [views["dets"], views["scores"], "nms_overlap_thresh"]
+
+
 def test_a_twin_taking_one_group_is_looped_as_the_cpu_op_loops_over_the_groups(tmp_path):
     """SparseConvNet's launchers take a rule book (a list of index groups, copied to the GPU a
     group at a time) where the CPU twin takes one group as a pointer and a count. The CPU op's

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from miner.unit import THC_DEVICE_COMPAT
+
 # headers torch no longer ships; THCAtomics.cuh stays (torch keeps it for such code)
 _REMOVED_INCLUDE = re.compile(
     r"^[ \t]*#[ \t]*include[ \t]*[<\"]THC/(?!THCAtomics\.cuh)\w+\.(?:h|cuh)[>\"][ \t]*$",
@@ -95,7 +97,8 @@ inline at::ScalarType scalar_type(const at::DeprecatedTypeProperties& t) { retur
 #endif"""
 )
 
-COMPAT_CUDA = """\
+COMPAT_CUDA = (
+    """\
 #ifndef KMINER_LEGACY_TORCH_CUDA
 #define KMINER_LEGACY_TORCH_CUDA 1
 #include <ATen/cuda/CUDAContext.h>
@@ -109,8 +112,9 @@ inline THCState* kminer_thc_state() { return nullptr; }
 #define THCState_getCurrentStream(state) at::cuda::getCurrentCUDAStream().stream()
 #define THCudaMalloc(state, size) c10::cuda::CUDACachingAllocator::raw_alloc(size)
 #define THCudaFree(state, ptr) c10::cuda::CUDACachingAllocator::raw_delete(ptr)
-template <typename T>
-__host__ __device__ __forceinline__ T THCCeilDiv(T a, T b) { return (a + b - 1) / b; }
+"""
+    + THC_DEVICE_COMPAT
+    + """
 inline cublasOperation_t kminer_blas_op(char t) {
   return t == 't' || t == 'T' ? CUBLAS_OP_T : t == 'c' || t == 'C' ? CUBLAS_OP_C : CUBLAS_OP_N;
 }
@@ -143,6 +147,7 @@ KMINER_THC_GEMM_BATCHED(THCudaBlas_DgemmBatched, double, cublasDgemmBatched)
 KMINER_THC_GEMV(THCudaBlas_Sgemv, float, cublasSgemv)
 KMINER_THC_GEMV(THCudaBlas_Dgemv, double, cublasDgemv)
 #endif"""
+)
 
 
 @dataclass
