@@ -111,7 +111,9 @@ template <typename T>
 __host__ __device__ __forceinline__ T THCRoundUp(T a, T b) { return THCCeilDiv(a, b) * b; }
 #endif"""
 _THC_DEVICE_USE = re.compile(r"\bTHC(?:CeilDiv|RoundUp)\b")
-_THC_DEVICE_DEF = re.compile(r"\bTHC(?:CeilDiv|RoundUp)\s*\([^()]*\)\s*(?:const\s*)?\{")
+_THC_DEVICE_DEF = re.compile(
+    r"\bTHC(?:CeilDiv|RoundUp)\s*\([^()]*\)\s*(?:const\s*)?\{|#\s*define\s+THC(?:CeilDiv|RoundUp)\b"
+)
 
 # standard names a repository's code often gets through torch's headers (a full ATen include
 # brings <iomanip> and <sstream>), which a unit's lighter includes do not

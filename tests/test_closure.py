@@ -452,6 +452,32 @@ def test_a_functor_deriving_from_thrusts_removed_unary_function_compiles(tmp_pat
     assert "unary_function {" not in plain
 
 
+@needs_nvcc
+def test_thcs_device_helpers_come_with_a_unit_whose_kernel_calls_them(tmp_path):
+    """maskrcnn-benchmark's nms_kernel computes `THCCeilDiv(n_boxes, threadsPerBlock)` in device
+    code, from <THC/THCDeviceUtils.cuh>, which torch no longer ships: the unit failed to compile.
+    It gets the helper; a kernel that does not call it, or a repository that defines it (as a
+    function or a macro), does not."""
+    from miner.compile import compile_unit
+
+    (tmp_path / "k.cu").write_text(
+        "#include <THC/THC.h>\n#include <THC/THCDeviceUtils.cuh>\n"
+        "__global__ void k(int n, long long* mask) {\n"
+        "  mask[threadIdx.x * THCCeilDiv(n, 64) + THCRoundUp(n, 8)] = 1;\n}\n"
+        "__global__ void plain(float* x) { x[0] = 1; }\n"
+    )
+    text, plain = unit_texts(tmp_path, "k", "plain")
+    assert "#ifndef KMINER_THC_DEVICE_UTILS" in text and "THCCeilDiv" not in plain
+    assert compile_unit(text, False, []).status.value == "ok"
+    (tmp_path / "k.cu").write_text(
+        "#define THCCeilDiv(a, b) (((a) + (b) - 1) / (b))\n"
+        "__global__ void k(int n, int* out) { out[0] = THCCeilDiv(n, 64); }\n"
+    )
+    (own,) = unit_texts(tmp_path, "k")
+    assert "KMINER_THC_DEVICE_UTILS" not in own
+    assert compile_unit(own, False, []).status.value == "ok"
+
+
 def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):
     """MinkowskiEngine's storage.cuh prints with `std::setprecision` and never includes
     <iomanip>: under torch/extension.h it came along; a unit includes less."""
