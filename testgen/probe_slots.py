@@ -101,6 +101,16 @@ def read_facts(
     for m in re.finditer(member + _DATA + row_step, code):
         if 1 < int(m[1] or m[2]) <= 64:
             facts.row = int(m[1] or m[2])
+    # or a pointer to its data, stepped or indexed by rows of a literal width: OpenPCDet's
+    # `const float *boxes_a = boxes_a_tensor.data<float>();` ... `boxes_a + i * 7`
+    alias = rf"(?:const\s+)?[\w:]+\s*\*\s*(?:const\s+)?([A-Za-z_]\w*)\s*=\s*{member}{_DATA}\s*<"
+    for a in {m[1] for m in re.finditer(alias, code)}:
+        by_rows = (
+            rf"\b{re.escape(a)}\s*(?:\+|\[)\s*(?:\w+\s*\*\s*(\d+)|(\d+)\s*\*\s*\w+)\b(?!\s*[*(])"
+        )
+        widths = {int(m[1] or m[2]) for m in re.finditer(by_rows, code)}
+        if len(widths) == 1 and 1 < (width := widths.pop()) <= 64:
+            facts.row = width
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
         _note(facts, _dtype_of(m[1], aliases), m[1])
         facts.rank = max(facts.rank, int(m[2]))

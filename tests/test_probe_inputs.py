@@ -72,6 +72,32 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
     assert facts["p"].row is None and facts["p"].shape(5, 0) == [5]  # a product, no row width
 
 
+def test_rows_read_through_a_pointer_to_the_data_fix_the_last_dimension():
+    """OpenPCDet's boxes_iou_bev_cpu takes `const float *boxes_a = boxes_a_tensor.data<float>();`
+    and reads `boxes_a + i * 7`: boxes of seven numbers each (drafted (16, 16) before, which a
+    kernel reading rows by the tensor's stride would take for 16-wide boxes). A pointer stepped
+    by two widths, or by a product, says nothing."""
+    code = """
+      const float *boxes_a = boxes_a_tensor.data<float>();
+      float* const pts = pts_tensor.data_ptr<float>();
+      int *mixed = mixed_tensor.data_ptr<int>();
+      float *ans = ans_tensor.data<float>();
+      for (int i = 0; i < n; i++) {
+        out[i] = iou(boxes_a + i * 7, pts[j * 3 + 2]);
+        mixed[i * 4] = mixed[k * 2];
+        ans[i * m + j] = ans[i * 3 * c];
+      }
+    """
+    facts = {
+        n: TensorFacts() for n in ("boxes_a_tensor", "pts_tensor", "mixed_tensor", "ans_tensor")
+    }
+    for name, f in facts.items():
+        read_facts(code, name, f)
+    assert facts["boxes_a_tensor"].row == 7 and facts["boxes_a_tensor"].shape(5, 0) == [5, 7]
+    assert facts["pts_tensor"].row == 3
+    assert facts["mixed_tensor"].row is None and facts["ans_tensor"].row is None
+
+
 def test_the_codes_own_type_names_and_row_strides_are_read():
     """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
     steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
