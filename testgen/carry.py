@@ -67,31 +67,40 @@ def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
     return None
 
 
-def bound_function(refs, python_fn: str) -> str | None:
+def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | None:
     """The C++ function a binding exposes under another name: mamba's `m.def("fwd",
-    &selective_scan_fwd)`, which its Python calls as `selective_scan_cuda.fwd(...)`."""
+    &selective_scan_fwd)`, which its Python calls as `selective_scan_cuda.fwd(...)`. Where
+    several modules bind the name (PyTorch-Encoding's `cpu` and `gpu` modules both define
+    `aggregate_forward`), the one among `within` (a candidate's chain), else the first."""
     pattern = re.compile(
         rf'\.(?:def|impl)\s*\(\s*"{re.escape(python_fn)}"\s*,\s*&?\s*([A-Za-z_][\w:]*)'
     )
-    for model in refs.disc.models.values():
-        m = pattern.search(model.text) if python_fn in model.text else None
-        if m is not None:
-            return m.group(1).split("::")[-1]
-    return None
+    found = [
+        m.group(1).split("::")[-1]
+        for model in refs.disc.models.values()
+        if python_fn in model.text
+        for m in pattern.finditer(model.text)
+    ]
+    return next((f for f in found if f in within), found[0] if found else None)
 
 
-def defined_name(refs, python_fn: str) -> str:
+def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:
     """The name of the repository's function behind a binding: its own, or the one
     `bound_function` finds where no function of the repository has the binding's name."""
     if refs.params_of(python_fn) is not None:
         return python_fn
-    cpp = bound_function(refs, python_fn)
+    cpp = bound_function(refs, python_fn, within)
     return cpp if cpp and refs.params_of(cpp) is not None else python_fn
 
 
-def _as_defined(call: RecordedCall, refs) -> RecordedCall:
-    """The call under the name of the C++ function it reaches."""
-    name = defined_name(refs, call.function)
+def _as_defined(call: RecordedCall, refs, cand: Candidate | None = None) -> RecordedCall:
+    """The call under the name of the C++ function it reaches (for `cand`: the one on its
+    chain down to the label)."""
+    within = ()
+    if cand is not None:
+        exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+        within = (*cand.wrapper.op_map.get("chain", []), exposed)
+    name = defined_name(refs, call.function, within)
     if name == call.function:
         return call
     return RecordedCall(name, call.args, call.kwargs, call.test_file, call.after)
@@ -119,7 +128,7 @@ def bind_call(call: RecordedCall, refs) -> tuple[list[str], dict]:
 def carry_down(call: RecordedCall, cand: Candidate, refs) -> list:
     """The launcher's arguments for one recorded binding call; Unmappable when the chain
     computes one in a way we cannot follow."""
-    call = _as_defined(call, refs)
+    call = _as_defined(call, refs, cand)
     python_fn = call.function
     _, bound = bind_call(call, refs)
     env = bound

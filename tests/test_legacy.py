@@ -144,11 +144,21 @@ def test_a_legacy_repository_mines_to_tests_on_todays_torch(tmp_path):
     assert "\n#include <THC/THC.h>" not in label
     assert "__global__ void add_rows_kernel" in label  # the kernel itself as the repository has it
     # the kernel calls THCCeilDiv, which only the removed THC headers defined: its unit gets it
-    # (no torch), its label once (the legacy block's and the unit's are one guarded block)
+    # (no torch), its label from the legacy block (built above)
     assert rows["add_rows_kernel"]["stages"]["compile"]["status"] == "ok"
     unit = (wd / rows["add_rows_kernel"]["unit"]).read_text()
     assert "#ifndef KMINER_THC_DEVICE_UTILS" in unit and "ATen" not in unit
-    assert label.count("#define KMINER_THC_DEVICE_UTILS 1") == 2  # the second one is skipped
+    assert "#define KMINER_THC_DEVICE_UTILS 1" in label
+    # a label made from the unit's text (rule, LLM) has both blocks: the legacy block, among
+    # the includes, defines the guard first, so the unit's copy is skipped
+    from wrappers.label import unit_parts
+
+    includes, body = unit_parts(unit)
+    done = modernize([*includes, "#include <THC/THC.h>"], [body, ""])
+    text = "\n".join([*done.includes, *done.codes])
+    first = text.index("#define KMINER_THC_DEVICE_UTILS 1")
+    assert text.index("#ifndef KMINER_THC_DEVICE_UTILS", first) > first  # the unit's, after
+    assert text.count("T THCCeilDiv(T a, T b)") == 2
 
 
 @pytest.mark.gpu
@@ -214,3 +224,24 @@ int main() {
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     # A B = [[58, 64], [139, 154]] (column-major: 58 139 64 154); 2 A B + 1; A x; A^T [1, 1]
     assert out.split() == ["58", "139", "64", "154|117", "279", "129", "309|5", "11|5", "7", "9"]
+
+
+def test_a_pointer_launcher_taking_a_stream_launches_on_the_current_one():
+    """faster-rcnn.pytorch (torch.utils.ffi, 2018) launches from `int ROIPoolForwardLaucher(
+    const float *bottom_data, ..., int *argmax_data, cudaStream_t stream)`, called from C code
+    on THCudaTensor that today's torch cannot build: the launcher itself is bound, each pointer
+    a tensor and the stream torch's current one (no binding parameter)."""
+    from wrappers.adapter import adapt
+    from wrappers.signature import parse_signature
+
+    launcher = (
+        "int ROIPoolForwardLaucher(const float *bottom_data, const float spatial_scale,\n"
+        "    const int num_rois, float *top_data, int *argmax_data, cudaStream_t stream) {\n"
+        "  ROIPoolForward<<<num_rois, 256, 0, stream>>>(bottom_data, spatial_scale, top_data,\n"
+        "                                              argmax_data);\n  return 1;\n}\n"
+    )
+    sig, text = adapt(parse_signature(launcher, "ROIPoolForwardLaucher"), launcher)
+    assert [n for _, n in sig.params] == [
+        "bottom_data", "spatial_scale", "num_rois", "top_data", "argmax_data"
+    ]  # fmt: skip
+    assert "argmax_data.data_ptr<int>(), at::cuda::getCurrentCUDAStream()));" in text

@@ -119,7 +119,12 @@ def test_cuda_only_tests_record_with_cpu_tensors(gpu_repo_calls):
     # the cases on "cuda", "cuda:0" and torch.device("cuda") made the same calls: kept once;
     # the CPU tensor took the PyTorch path: no call
     shapes = {(tuple(c.args[0].shape), c.args[0].dtype) for c in calls}
-    assert shapes == {((2, 3), torch.float32), ((4,), torch.float64), ((1, 2), torch.float32)}
+    assert shapes == {
+        ((2, 3), torch.float32),
+        ((4,), torch.float64),
+        ((1, 2), torch.float32),
+        ((3, 2), torch.float64),  # `Variable(torch.cuda.DoubleTensor(3, 2))`, torch 0.3's way
+    }
     for call in calls:
         x, out, index = call.args
         assert x.device.type == out.device.type == "cpu" and out.shape == x.shape

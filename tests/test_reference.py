@@ -866,3 +866,24 @@ def test_a_cpu_twin_written_with_cuda_qualifiers_builds_on_the_host(tmp_path):
     mod = _built(tmp_path, "kminer_ref_span", work / ref.path)
     boxes = torch.tensor([[0.0, 2.5], [1.0, 4.0]])
     assert torch.equal(mod.reference(boxes), torch.tensor([2.5, 3.0]))
+
+
+def test_a_name_two_modules_bind_is_read_as_the_one_on_the_candidates_chain(tmp_path):
+    """PyTorch-Encoding builds a `cpu` and a `gpu` module that both bind `aggregate_forward`
+    (to Aggregate_Forward_CPU and Aggregate_Forward_CUDA): a call its tests made through the
+    GPU path is the CUDA function's, whichever file discovery read first."""
+    from testgen.carry import bound_function
+
+    repo = tmp_path / "repo"
+    for side, fn in (("cpu", "Agg_Forward_CPU"), ("gpu", "Agg_Forward_CUDA")):
+        (repo / "lib" / side).mkdir(parents=True)
+        (repo / "lib" / side / "operator.cpp").write_text(
+            "#include <torch/extension.h>\n"
+            f"at::Tensor {fn}(const at::Tensor A) {{ return A; }}\n"
+            f'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("agg_forward", &{fn}); }}\n'
+        )
+    refs = RepoRefs(discover(repo))
+    first = bound_function(refs, "agg_forward")
+    assert first in ("Agg_Forward_CPU", "Agg_Forward_CUDA")
+    for fn in ("Agg_Forward_CPU", "Agg_Forward_CUDA"):
+        assert bound_function(refs, "agg_forward", within=("PYBIND11_MODULE", fn)) == fn

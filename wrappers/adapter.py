@@ -5,8 +5,10 @@ Older extensions launch from functions such as SparseConvNet's
 const Int *rules, bool average)`, whose callers take the library's own structures (a
 `Metadata<Dimension> &`) that pybind cannot pass. The launcher itself is the op's device half,
 and it is what the label keeps: the adapter takes a tensor for each pointer (its `data_ptr`),
-a Python number for each scalar, and instantiates a template launcher for the floating dtype
-of its first `T *` tensor (those its unit compiled with). An object of a class the repository
+a Python number for each scalar, launches on the current stream where the launcher takes one
+(faster-rcnn.pytorch's `ROIPoolForwardLaucher(..., cudaStream_t stream)`), and instantiates a
+template launcher for the floating dtype of its first `T *` tensor (those its unit compiled
+with). An object of a class the repository
 binds (`hashtable &table`) is made in the adapter from its bound constructor's arguments
 (wrappers.bound_class). The repository's code is unchanged.
 """
@@ -24,6 +26,7 @@ _INTEGRAL = frozenset(
     "size_t char long long unsigned int unsigned long".split()
 )
 _FLOATING = frozenset({"float", "double"})
+_STREAM = frozenset({"cudaStream_t", "at::cuda::CUDAStream", "c10::cuda::CUDAStream"})
 _ALIAS = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}]+?)\s*;|\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
 _TYPENAMES = re.compile(r"(?:typename|class)\s+(\w+)")
 
@@ -117,6 +120,9 @@ def adapt(
             params += made
             prelude += line
             call.append(f"&{name}" if core.endswith("*") else name)
+            continue
+        if core in _STREAM:  # the stream it launches on: the current one, as the label's own
+            call.append("at::cuda::getCurrentCUDAStream()")
             continue
         if core.endswith("*") and core.count("*") == 1:
             base = core[:-1].strip()

@@ -352,6 +352,9 @@ def _adapted(
             continue
         adapter_sig, adapter_code = made
         chain = [launcher.names[0]]
+        stream = "#include <ATen/cuda/CUDAContext.h>"  # the current stream, for a cudaStream_t
+        if "getCurrentCUDAStream" in adapter_code and stream not in includes:
+            includes = [*includes, stream]
         return MinedWrapper(launcher, [adapter_sig], includes, f"{code}\n{adapter_code}", chain)
     return None
 

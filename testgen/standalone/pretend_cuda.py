@@ -146,7 +146,45 @@ def _fake_cuda(stub_class) -> contextlib.AbstractContextManager:
 
     torch.autocast = torch.amp.autocast = autocast
     cuda.amp.autocast = cuda_autocast
+    _legacy_constructors(torch)
     return _pretend_cuda_mode()
+
+
+# the typed constructors of torch < 0.4 that tests of that era still use on the GPU
+# (`Variable(torch.cuda.DoubleTensor(B, N, K).uniform_(-0.5, 0.5), requires_grad=True)`)
+_LEGACY_TYPES = {
+    "FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
+    "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32",
+    "ShortTensor": "int16", "CharTensor": "int8", "ByteTensor": "uint8", "BoolTensor": "bool",
+}  # fmt: skip
+
+
+def _legacy_constructors(torch) -> None:
+    """`torch.cuda.FloatTensor(...)` and its kin make tagged CPU tensors (and are what
+    `isinstance` asks of them), and `Variable(x)` keeps the tag of the tensor it wraps."""
+
+    def typed(name: str, dtype):
+        make = getattr(torch, name)
+
+        class Meta(type):
+            def __instancecheck__(cls, obj) -> bool:
+                return _tagged(obj) and obj.dtype == dtype
+
+        return Meta(name, (), {"__new__": lambda cls, *a, **k: _tag(make(*a, **k))})
+
+    for name, dtype in _LEGACY_TYPES.items():
+        setattr(torch.cuda, name, typed(name, getattr(torch, dtype)))
+    made = torch.autograd.Variable
+
+    class Kept(type):
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, torch.Tensor)
+
+    def variable(cls, data, *args, **kwargs):
+        out = made(data, *args, **kwargs)
+        return _tag(out) if _tagged(data) else out
+
+    torch.autograd.Variable = Kept("Variable", (), {"__new__": variable})
 
 
 def _elsewhere(value, to_gpu: bool):
