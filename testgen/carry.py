@@ -15,6 +15,7 @@ import itertools
 import re
 
 from miner.candidate import Candidate
+from miner.sources import GPU_SOURCE
 from testgen.argmap import call_args
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
@@ -71,7 +72,8 @@ def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | 
     """The C++ function a binding exposes under another name: mamba's `m.def("fwd",
     &selective_scan_fwd)`, which its Python calls as `selective_scan_cuda.fwd(...)`. Where
     several modules bind the name (PyTorch-Encoding's `cpu` and `gpu` modules both define
-    `aggregate_forward`), the one among `within` (a candidate's chain), else the first."""
+    `aggregate_forward`), the one among `within` (a candidate's chain), else one defined in GPU
+    sources (the recorder pretends CUDA: the tests' calls take the GPU path), else the first."""
     pattern = re.compile(
         rf'\.(?:def|impl)\s*\(\s*"{re.escape(python_fn)}"\s*,\s*&?\s*([A-Za-z_][\w:]*)'
     )
@@ -81,7 +83,13 @@ def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | 
         if python_fn in model.text
         for m in pattern.finditer(model.text)
     ]
-    return next((f for f in found if f in within), found[0] if found else None)
+
+    def gpu_side(name: str) -> bool:
+        item = refs.definition(name)
+        return item is not None and bool(GPU_SOURCE.search(item.file))
+
+    ranked = sorted(found, key=lambda f: (f not in within, not gpu_side(f)))  # stable
+    return ranked[0] if ranked else None
 
 
 def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:
