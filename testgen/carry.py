@@ -88,8 +88,9 @@ def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | 
         item = refs.definition(name)
         return item is not None and bool(GPU_SOURCE.search(item.file))
 
-    ranked = sorted(found, key=lambda f: (f not in within, not gpu_side(f)))  # stable
-    return ranked[0] if ranked else None
+    if len(set(found)) < 2:
+        return found[0] if found else None
+    return sorted(found, key=lambda f: (f not in within, not gpu_side(f)))[0]  # stable
 
 
 def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:
