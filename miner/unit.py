@@ -115,6 +115,19 @@ _THC_DEVICE_DEF = re.compile(
     r"\bTHC(?:CeilDiv|RoundUp)\s*\([^()]*\)\s*(?:const\s*)?\{|#\s*define\s+THC(?:CeilDiv|RoundUp)\b"
 )
 
+# ATen's grid-stride loop macro (<ATen/cuda/detail/KernelUtils.h>), which kernels of code that
+# grew out of ATen use without including it: ATen's own text, so a label with both has it once
+KERNEL_LOOP_COMPAT = """\
+// kminer: CUDA_KERNEL_LOOP as ATen's <ATen/cuda/detail/KernelUtils.h> defines it
+#ifndef CUDA_KERNEL_LOOP
+#define CUDA_KERNEL_LOOP_TYPE(i, n, index_type)                         \\
+  int64_t _i_n_d_e_x = ((int64_t) blockIdx.x) * blockDim.x + threadIdx.x;           \\
+  for (index_type i=_i_n_d_e_x; _i_n_d_e_x < (n); _i_n_d_e_x+=blockDim.x * gridDim.x, i=_i_n_d_e_x)
+#define CUDA_KERNEL_LOOP(i, n) CUDA_KERNEL_LOOP_TYPE(i, n, int)
+#endif"""
+_KERNEL_LOOP_USE = re.compile(r"\bCUDA_KERNEL_LOOP(?:_TYPE)?\s*\(")
+_KERNEL_LOOP_DEF = re.compile(r"#\s*define\s+CUDA_KERNEL_LOOP\b")
+
 # standard names a repository's code often gets through torch's headers (a full ATen include
 # brings <iomanip> and <sstream>), which a unit's lighter includes do not
 _STD_HEADER_OF = {
@@ -141,6 +154,8 @@ def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
         lines += THRUST_COMPAT.splitlines()
     if any(map(_THC_DEVICE_USE.search, texts)) and not any(map(_THC_DEVICE_DEF.search, texts)):
         lines += THC_DEVICE_COMPAT.splitlines()
+    if any(map(_KERNEL_LOOP_USE.search, texts)) and not any(map(_KERNEL_LOOP_DEF.search, texts)):
+        lines += KERNEL_LOOP_COMPAT.splitlines()
     return lines
 
 

@@ -478,6 +478,30 @@ def test_thcs_device_helpers_come_with_a_unit_whose_kernel_calls_them(tmp_path):
     assert compile_unit(own, False, []).status.value == "ok"
 
 
+@needs_nvcc
+def test_atens_kernel_loop_macro_comes_with_a_unit_whose_kernel_uses_it(tmp_path):
+    """PyTorch-Encoding's `conv_rectify_cuda_frame` loops with `CUDA_KERNEL_LOOP(index, n)`,
+    which ATen defines and the file gets through <ATen/ATen.h>: the unit (no torch) failed.
+    It gets ATen's own definition; a repository that defines the macro keeps its own."""
+    from miner.compile import compile_unit
+
+    (tmp_path / "k.cu").write_text(
+        "#include <ATen/ATen.h>\n"
+        "__global__ void k(int n, float* x) {\n  CUDA_KERNEL_LOOP(i, n) { x[i] = 2 * x[i]; }\n}\n"
+    )
+    (text,) = unit_texts(tmp_path, "k")
+    assert "#define CUDA_KERNEL_LOOP(i, n) CUDA_KERNEL_LOOP_TYPE(i, n, int)" in text
+    assert "#include <ATen" not in text  # no torch
+    assert compile_unit(text, False, []).status.value == "ok"
+    (tmp_path / "k.cu").write_text(
+        "#define CUDA_KERNEL_LOOP(i, n) for (int i = threadIdx.x; i < (n); i += blockDim.x)\n"
+        "__global__ void k(int n, float* x) {\n  CUDA_KERNEL_LOOP(i, n) { x[i] = 2 * x[i]; }\n}\n"
+    )
+    (own,) = unit_texts(tmp_path, "k")
+    assert "CUDA_KERNEL_LOOP_TYPE" not in own
+    assert compile_unit(own, False, []).status.value == "ok"
+
+
 def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):
     """MinkowskiEngine's storage.cuh prints with `std::setprecision` and never includes
     <iomanip>: under torch/extension.h it came along; a unit includes less."""
