@@ -127,6 +127,11 @@ KERNEL_LOOP_COMPAT = """\
 #endif"""
 _KERNEL_LOOP_USE = re.compile(r"\bCUDA_KERNEL_LOOP(?:_TYPE)?\s*\(")
 _KERNEL_LOOP_DEF = re.compile(r"#\s*define\s+CUDA_KERNEL_LOOP\b")
+# (a use, the repository's own definition, the block defining it again) of names torch removed
+_REMOVED_NAMES = (
+    (_THC_DEVICE_USE, _THC_DEVICE_DEF, THC_DEVICE_COMPAT),
+    (_KERNEL_LOOP_USE, _KERNEL_LOOP_DEF, KERNEL_LOOP_COMPAT),
+)
 
 # standard names a repository's code often gets through torch's headers (a full ATen include
 # brings <iomanip> and <sstream>), which a unit's lighter includes do not
@@ -152,10 +157,9 @@ def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
     lines = [f"#include <{h}>" for h in sorted(wanted)]
     if any(_THRUST_FUNCTIONAL.search(t) for t in texts):
         lines += THRUST_COMPAT.splitlines()
-    if any(map(_THC_DEVICE_USE.search, texts)) and not any(map(_THC_DEVICE_DEF.search, texts)):
-        lines += THC_DEVICE_COMPAT.splitlines()
-    if any(map(_KERNEL_LOOP_USE.search, texts)) and not any(map(_KERNEL_LOOP_DEF.search, texts)):
-        lines += KERNEL_LOOP_COMPAT.splitlines()
+    for use, own, block in _REMOVED_NAMES:
+        if any(map(use.search, texts)) and not any(map(own.search, texts)):
+            lines += block.splitlines()
     return lines
 
 

@@ -24,7 +24,7 @@ from miner.specializations import fill_defaults, link_specializations
 from miner.unit import render_host_code
 from wrappers.adapter import adapt, aliases
 from wrappers.bound_class import BoundClass, bound_classes, method_adapter, method_signature
-from wrappers.label import Exposed
+from wrappers.label import Exposed, with_wrapper_includes
 from wrappers.signature import Signature, bindable, parse_signature
 
 SITE_PREFERENCE = {"chevron": 0, "launch_api": 1, "address": 2, "macro": 3, "reference": 4}
@@ -352,9 +352,8 @@ def _adapted(
             continue
         adapter_sig, adapter_code = made
         chain = [launcher.names[0]]
-        stream = "#include <ATen/cuda/CUDAContext.h>"  # the current stream, for a cudaStream_t
-        if "getCurrentCUDAStream" in adapter_code and stream not in includes:
-            includes = [*includes, stream]
+        if "getCurrentCUDAStream" in adapter_code:  # the current stream, for a cudaStream_t
+            includes = with_wrapper_includes(includes)
         return MinedWrapper(launcher, [adapter_sig], includes, f"{code}\n{adapter_code}", chain)
     return None
 
