@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from miner import sandbox, toolchain
-from testgen.standalone import runner
+from testgen.standalone import prebuild, runner
 
 ROOT = Path(__file__).parent.parent
 RUNNER = ROOT / "testgen" / "standalone" / "runner.py"
@@ -493,6 +493,34 @@ def test_interrupted_run_keeps_what_it_did(tmp_path):
     assert stuck and running(str(bundle / "tests" / "stuck.py")) == []  # it went with the runner
 
 
+def test_one_runner_a_bundle_and_the_build_locks_a_killed_run_left_are_freed(tmp_path):
+    """A device call cut short kills run.py mid-build and leaves torch's lock file in the build
+    folder; the next run's build of that folder would wait on it forever. A runner holds the
+    bundle's build folders alone, so it frees such locks, and a second runner is refused."""
+    quick = {"id": "quick", "label": fake("pass"), "variants": [("no_write", fake("v_mismatch"))]}
+    bundle = make_bundle(tmp_path / "b", FAKE / "fake_check.py", FAKE / "ref.cpp", [quick])
+    left = [bundle / ".build" / "x" / "kminer_label_0123" / "lock", bundle / ".build" / "lock"]
+    for lock in left:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text("")
+    held = prebuild.hold_builds(bundle / ".build")
+    try:
+        assert not any(lock.exists() for lock in left)
+        with pytest.raises(prebuild.BundleBusy):
+            prebuild.hold_builds(bundle / ".build")
+        proc = run_py(bundle, "--out", "results.json")
+        assert proc.returncode == 2 and "another run.py is using" in proc.stderr
+        assert not (bundle / "results.json").exists()
+    finally:
+        held.close()
+    left[0].write_text("")
+    proc = run_py(bundle, "--out", "results.json")  # the hold went with its holder
+    assert proc.returncode == 0, proc.stderr
+    assert "freed 1 build lock(s)" in proc.stderr and not left[0].exists()
+    results = json.loads((bundle / "results.json").read_text())["entries"]
+    assert (results["quick"]["outcome"], results["quick"]["kill_rate"]) == ("pass", 1.0)
+
+
 def test_verdicts():
     def proc(rc=1, timed_out=False, report=None, log=""):
         return runner.Proc(rc, timed_out, 1.0, report or {}, log)
@@ -766,6 +794,26 @@ def test_cpu_extensions_through_the_runner(tmp_path):
     (build_dir,) = (bundle / ".build").iterdir()
     modules = sorted(p.name.rsplit("_", 1)[0] for p in build_dir.glob("kminer_*"))
     assert modules == ["kminer_label", "kminer_label", "kminer_reference"]  # reference built once
+
+
+@pytest.mark.slow
+def test_a_build_lock_left_in_a_real_build_folder_does_not_stall_the_next_run(tmp_path):
+    """torch's own lock file, in the folders of real CPU extensions (each load of a module takes
+    it, the run phase's too): as a run killed mid-build leaves it, the next run still passes."""
+    wrong = [("op_swap", CUDA / "cpu_wrong.cpp")]
+    entries = [{"id": "a", "label": CUDA / "cpu_good.cpp", "variants": wrong}]
+    bundle = make_bundle(tmp_path / "b", CUDA / "affine_check.py", CUDA / "ref.cpp", entries)
+    proc = run_py(bundle, "--out", "first.json", "--jobs", "2", timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    folders = [p for p in (bundle / ".build").rglob("kminer_*") if (p / "build.ninja").is_file()]
+    assert len(folders) == 3  # the label's, its wrong variant's and the reference's
+    for folder in folders:
+        (folder / "lock").write_text("")
+    proc = run_py(bundle, "--out", "again.json", "--run-timeout", "120", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((bundle / "again.json").read_text())["entries"]["a"]
+    assert (again["outcome"], again["kill_rate"]) == ("pass", 1.0), again["detail"]
+    assert again["build_cached"] is True
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ whose verdict is the one that counts. Travels in the bundle beside run.py with `
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fcntl
 import functools
 import hashlib
 import json
@@ -209,3 +210,34 @@ def prebuilt_module(store: Path, path: Path) -> dict | None:
         return json.loads((store / f"{digest(path.read_bytes())}.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+class BundleBusy(RuntimeError):
+    """Another run.py holds this bundle's build folders."""
+
+
+def hold_builds(root: Path):
+    """Take the bundle's build folders for this process alone, then free the build locks a
+    killed run left in them.
+
+    torch's cpp_extension guards a build folder with a lock file that only the builder removes
+    (FileBaton): a run killed mid-build (a device call's time ran out) leaves it, and the next
+    run's build of that folder waits on it forever, a whole call spent on nothing. While this
+    process holds the flock (the kernel drops it when the process dies, however it dies), no
+    other runner builds here, so every lock file found is stale. The returned file keeps the
+    hold; keep it open for the run."""
+    root.mkdir(parents=True, exist_ok=True)
+    held = open(root / ".runner.lock", "w")  # noqa: SIM115 (held for the process's life)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.close()
+        raise BundleBusy(f"another run.py is using {root}") from None
+    freed = 0
+    for lock in root.rglob("lock"):
+        if lock.is_file():
+            lock.unlink(missing_ok=True)
+            freed += 1
+    if freed:
+        print(f"freed {freed} build lock(s) left by a run that was killed", file=sys.stderr)
+    return held

@@ -331,6 +331,9 @@ class Runner:
         with self.build_slots:
             p = run_test(test, build_env, self.args.build_timeout)
         outcome, why = verdict("build", p, self.args.build_timeout)
+        if outcome == "timeout":  # its tree was ended mid-build: its lock would hold the folder
+            for lock in build_dir.glob("*/lock"):
+                lock.unlink(missing_ok=True)
         if outcome in CACHED:
             marker.parent.mkdir(parents=True, exist_ok=True)
             _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
@@ -685,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = load_manifest(bundle / "manifest.json")
     except ValueError as e:
+        print(f"run.py: {e}", file=sys.stderr)
+        return 2
+    try:  # held to the end of the process
+        builds_held = prebuild.hold_builds(bundle / ".build")  # noqa: F841
+    except prebuild.BundleBusy as e:
         print(f"run.py: {e}", file=sys.stderr)
         return 2
     devices, gpu_name = _gpus()
