@@ -19,6 +19,7 @@ import torch
 from miner.textprep import split_top
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
+from testgen.passed_rows import passed_row
 from wrappers.adapter import aliases as type_aliases
 
 _DTYPES = {  # made_inputs' C types, and those only a probe meets (flags, bytes, unsigned)
@@ -111,6 +112,8 @@ def read_facts(
         widths = {int(m[1] or m[2]) for m in re.finditer(by_rows, code)}
         if len(widths) == 1 and 1 < (width := widths.pop()) <= 64:
             facts.row = width
+    if facts.row is None:  # or by the function its data is handed to
+        facts.row = passed_row(code, name)
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
         _note(facts, _dtype_of(m[1], aliases), m[1])
         facts.rank = max(facts.rank, int(m[2]))

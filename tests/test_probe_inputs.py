@@ -98,6 +98,84 @@ def test_rows_read_through_a_pointer_to_the_data_fix_the_last_dimension():
     assert facts["mixed_tensor"].row is None and facts["ans_tensor"].row is None
 
 
+HANDED = """
+template <typename T>
+void pool_rois_cpu_kernel(const int nthreads, const T* bottom_data,
+                          const T* bottom_rois,  // int roi_cols, (commented out, a comma)
+                          T* top_data) {
+  int roi_cols = 5;
+  for (int n = 0; n < nthreads; n++) {
+    const T* offset_rois = bottom_rois + n * roi_cols;
+    top_data[n] = offset_rois[1] + offset_rois[4] * bottom_data[0];
+  }
+}
+template <typename T>
+__global__ void pool_rois_kernel(const int nthreads, const T* bottom_data, const T* rois,
+                                 T* top) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nthreads; i += 4) {
+    top[i] = rois[i * 5 + 1] + rois[i * 5 + 4] * bottom_data[0];
+  }
+}
+at::Tensor pool_rois(const at::Tensor& input, const at::Tensor& rois, const at::Tensor& pts) {
+  auto out = at::empty({rois.size(0)}, input.options());
+  pool_rois_cpu_kernel<float>(rois.size(0), input.data<float>(), rois.data<float>(),
+                              out.data<float>());
+  pool_rois_kernel<float><<<GET_BLOCKS(rois.size(0)), 256, 0, stream>>>(
+      rois.size(0), input.contiguous().data_ptr<float>(), rois.contiguous().data_ptr<float>(),
+      out.data_ptr<float>());
+  both_widths(pts.data_ptr<float>());
+  return out;
+}
+void both_widths(const float* p) { float a = p[i * 3] + p[j * 4]; }
+"""
+
+
+def test_rows_of_data_handed_to_a_function_or_a_kernel_fix_the_last_dimension():
+    """maskrcnn-benchmark's ROIAlign hands `rois.data<scalar_t>()` to a CPU loop that steps it
+    by `int roi_cols = 5` and to a kernel that steps it by `n * 5`: rows of five (drafted as one
+    long row before, which every draft read past). A loop index is no width (`int n = 0`), and
+    a pointer stepped by two widths says nothing."""
+    facts = {n: TensorFacts() for n in ("input", "rois", "pts", "out")}
+    for name, f in facts.items():
+        read_facts(HANDED, name, f)
+    assert facts["rois"].row == 5 and facts["rois"].shape(6, 0) == [6, 5]
+    assert facts["input"].row is None and facts["pts"].row is None
+    assert facts["out"].row is None  # written by index only
+    cpu_only = HANDED[: HANDED.index("template <typename T>\n__global__")]
+    cpu_only += HANDED[HANDED.index("at::Tensor pool_rois") :].replace("pool_rois_kernel", "f")
+    found = TensorFacts()
+    read_facts(cpu_only, "rois", found)
+    assert found.row == 5  # the local constant alone
+
+
+def test_rois_handed_to_a_cpu_loop_are_drafted_as_rows_it_reads_clean(tmp_path):
+    """The probe's calls of a ROI op whose CPU twin reads rows of five only inside the loop it
+    hands the data to: each kept call has rois of five columns, with as many rows as drafted."""
+    reference = tmp_path / "pool_rois.cpp"
+    reference.write_text(
+        "#include <torch/extension.h>\n"
+        + HANDED[: HANDED.index("template <typename T>\n__global__")]
+        + """
+at::Tensor pool_rois_cpu(const at::Tensor& input, const at::Tensor& rois) {
+  auto out = at::zeros({rois.size(0)}, input.options());
+  pool_rois_cpu_kernel<float>(rois.size(0), input.data_ptr<float>(), rois.data_ptr<float>(),
+                              out.data_ptr<float>());
+  return out;
+}
+void kminer_bind(pybind11::module_& m) { m.def("reference", &pool_rois_cpu); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+"""
+    )
+    params = [("const at::Tensor&", "input"), ("const at::Tensor&", "rois")]
+    text = reference.read_text()
+    calls = probed_calls(params, [(text, ["input", "rois"])], reference, tmp_path / "probes")
+    assert isinstance(calls, list) and calls, calls
+    for call in calls:
+        _, rois = call.args
+        assert rois.dim() == 2 and rois.shape[1] == 5, rois.shape
+    assert len({c.args[1].shape[0] for c in calls}) == 3  # three sizes, as any probe drafts
+
+
 def test_the_codes_own_type_names_and_row_strides_are_read():
     """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
     steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
