@@ -414,7 +414,7 @@ class Runner:
             files, store, self.args.jobs, self.args.build_timeout, heavy=heavy
         )
         self.prebuilt = store
-        self.prebuilt_state = state
+        self.prebuilt_state.update(state)  # a round's sources join those of the rounds before
         done = sum(v in ("built", "cached") for v in state.values())
         print(
             f"prebuilt {done} of {len(state)} sources in {time.monotonic() - start:.0f}s "
@@ -730,18 +730,10 @@ def main(argv: list[str] | None = None) -> int:
 
     runner.on_progress = progress
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    if args.prebuild and todo:
-        try:
-            runner.prebuild(todo)
-        except KeyboardInterrupt:
-            prebuild.stop()
-            print("run.py: stopped while prebuilding; nothing recorded", file=sys.stderr)
-            return 130
     pool = cf.ThreadPoolExecutor(max_workers=2 * args.jobs + args.gpu_jobs)
+    feeder = Feeder(runner, pool, todo, args.prebuild, prebuild_round(args.jobs))
     try:
-        futures = {pool.submit(_guarded, runner, e): e["id"] for e in todo}
-        for done, fut in enumerate(cf.as_completed(futures), 1):
-            eid, res = futures[fut], fut.result()
+        for done, (eid, res) in enumerate(feeder.results(), 1):
             for key, value in (res.pop("_env", None) or {}).items():
                 if value and key not in seen:
                     results[key] = str(value)
@@ -755,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = "" if res["kill_rate"] is None else f" kill_rate {res['kill_rate']:.2f}"
             print(f"[{done}/{len(todo)}] {eid} {res['outcome']}{rate} {res['detail']}", flush=True)
     except KeyboardInterrupt:
+        feeder.stop()
         stop_all()
         pool.shutdown(wait=True, cancel_futures=True)
         print("run.py: stopped; results so far are in the output file", file=sys.stderr)
@@ -763,6 +756,66 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:
         _write_json(args.out, results)
     return 0
+
+
+def prebuild_round(jobs: int) -> int:
+    """Entries a prebuild round takes: about one batch of a few sources a build slot."""
+    return max(2, jobs)
+
+
+class Feeder:
+    """Entries go to the test pool a round at a time, each round once its sources are
+    prebuilt, while the rounds before it are tested: the first results come minutes into a
+    call, not after every source of the bundle is built (a call that ends while building
+    keeps the results of the rounds before; its prebuilt modules are lost with the box)."""
+
+    def __init__(self, runner: Runner, pool, todo: list[dict], batch: bool, size: int):
+        self.runner, self.pool, self.batch = runner, pool, batch
+        self.rounds = [todo[i : i + size] for i in range(0, len(todo), size)]
+        self.futures: dict = {}  # future -> entry id, in submission order
+        self.lock = threading.Lock()
+        self.fed = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+        self.thread.start()
+
+    def _feed(self) -> None:
+        try:
+            for part in self.rounds:
+                if _STOP.is_set():
+                    return
+                if self.batch:
+                    self.runner.prebuild(part)
+                with self.lock:
+                    for e in part:
+                        self.futures[self.pool.submit(_guarded, self.runner, e)] = e["id"]
+        except BaseException as e:  # re-raised in the main thread
+            self.failure = e
+        finally:
+            self.fed.set()
+
+    def results(self):
+        """(entry id, result) of each entry as it finishes."""
+        handed: set = set()
+        while True:
+            fed = self.fed.is_set()  # read first: what was fed by then is in the futures
+            with self.lock:
+                waiting = [f for f in self.futures if f not in handed]
+            if not waiting:
+                if fed:
+                    break
+                self.fed.wait(0.2)
+                continue
+            finished, _ = cf.wait(waiting, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in finished:
+                handed.add(fut)
+                yield self.futures[fut], fut.result()
+        if self.failure is not None and not _STOP.is_set():
+            raise self.failure
+
+    def stop(self) -> None:
+        prebuild.stop()
+        _STOP.set()
 
 
 def _guarded(runner: Runner, entry: dict) -> dict:
