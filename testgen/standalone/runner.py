@@ -13,8 +13,13 @@ Why it is shaped like this:
   for their cases and take it alone for the label's timing (KMINER_GPU_LOCK: a file lock with a
   turnstile, so a timing waits for the runs under way and no new one starts meanwhile); wrong
   variants are not timed (KMINER_TIMING=0).
-- Before the tests, the labels, variants and references are built many to one extension
-  (prebuild.py); a test imports its module from there, and builds alone only what did not batch.
+- The labels, variants and references are built many to one extension (prebuild.py), a round
+  of entries at a time; a round's tests start once its sources are built, while the next round
+  builds, so a call cut short while building keeps the results of the rounds before. A test
+  imports its module from there, and builds alone only what did not batch.
+- One run.py at a time holds a bundle's build folders (a flock), so the lock files torch leaves
+  in a folder when a run is killed mid-build are stale, and are freed before anything builds:
+  left alone, the next build of that folder waits on them forever.
 - Every subprocess gets a fresh temp dir as cwd, its own process group (a timeout kills all it
   started) and a timeout; whatever it does (crash, hang, no report) is an outcome, never an
   error of the batch. The verdict: the timeout, then death by a signal (crash), then a CUDA
