@@ -33,6 +33,7 @@ _SCALAR_NAMES = {
 }  # fmt: skip
 _DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"
 _VIEWED = r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}"  # a view of its data in {dims}
+_RANKED_OPS = {"bmm": 3, "baddbmm": 3, "mm": 2, "addmm": 2}  # ATen ops taking only that rank
 
 
 @dataclass
@@ -125,8 +126,16 @@ def read_facts(
         facts.zeros = True
     if re.search(member + r"resize_(?:as_)?\s*\(", code):
         facts.resized = True
-    for m in re.finditer(member + _VIEWED, code):
-        facts.rank = max(facts.rank, len(split_top(m[1])))  # a view of its data as k dims
+    for m in re.finditer(member + _VIEWED, code):  # a view of its data as k dims; the unit
+        dims = [d for d in split_top(m[1]) if d.strip() != "1"]  # dims a view adds are not its
+        facts.rank = max(facts.rank, len(dims) or 1)  # own (`S.view({1, 1, K})`: K numbers)
+    unsqueezed = r"unsqueeze\s*\(\s*-?\d+\s*\)\s*\.\s*expand\s*\(\s*\{([^{}]*)\}"
+    for m in re.finditer(member + unsqueezed, code):  # a dim more, then k: k - 1 of its own
+        facts.rank = max(facts.rank, len(split_top(m[1])) - 1)
+    for op, rank in _RANKED_OPS.items():  # a batched or plain matrix product: exactly so many
+        as_arg = rf"\b(?:at|torch)::{op}\s*\(\s*(?:{n}\s*,|[^(),;]+,\s*{n}\s*\))"
+        if re.search(rf"{as_arg}|{member}{op}\s*\(|\.\s*{op}\s*\(\s*{n}\s*\)", code):
+            facts.fixed_rank = rank
     for m in re.finditer(member + r"sizes\s*\(\s*\)\s*\[\s*(\d+)\s*\]", code):
         facts.rank = max(facts.rank, int(m[1]) + 1)
     for m in re.finditer(member + r"(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)\b", code):
@@ -144,6 +153,10 @@ def read_facts(
         _note(facts, _dtype_of(m[1], aliases), m[1])  # a typed view: `tv::torch2tv<const int>(x)`
         if m[2]:  # a view k indices into it has k dimensions more than the one it gives
             facts.rank = max(facts.rank, len(split_top(m[3])) + 1)
+    ranked = rf"\b\w+\s*<\s*(?:const\s+)?([A-Za-z_][\w:]*)\s*,\s*(\d+)\s*>\s*\(\s*{n}\s*\)"
+    for m in re.finditer(ranked, code):  # a typed view of k dims: `devicetensor<scalar_t, 3>(x)`
+        _note(facts, _dtype_of(m[1], aliases), m[1])
+        facts.rank = max(facts.rank, int(m[2]))
     if depth < 1:  # a copy that the code reads in its place: `auto c = x.to(torch::kCPU);`, `= x;`
         copies = rf"\b([A-Za-z_]\w*)\s*=\s*{n}\s*(?:;|\.\s*(?:to|cpu|contiguous|clone)\s*\()"
         for m in re.finditer(copies, code):

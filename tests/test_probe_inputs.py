@@ -176,6 +176,54 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
     assert len({c.args[1].shape[0] for c in calls}) == 3  # three sizes, as any probe drafts
 
 
+COMPOSITE = """
+std::vector<at::Tensor> aggregate_backward_cpu(const at::Tensor GE, const at::Tensor A,
+                                               const at::Tensor X, const at::Tensor C,
+                                               const at::Tensor S) {
+  auto gradA = (GE.unsqueeze(1) * (X.unsqueeze(2).expand({X.size(0), X.size(1),
+    C.size(0), C.size(1)}) - C.unsqueeze(0).unsqueeze(0))).sum(3);
+  auto gradX = at::bmm(A, GE);
+  auto gradS = (gradA * S.view({1, 1, C.size(0)})).sum(0).sum(0);
+  return {gradA, gradX, gradS};
+}
+"""
+
+
+def test_ranks_read_from_aten_ops_a_composite_cpu_twin_applies():
+    """PyTorch-Encoding's CPU backward passes are ATen composites that read no size of most
+    tensors: `at::bmm(A, GE)` takes batches of matrices, `X.unsqueeze(2).expand({4 sizes})`
+    makes a 3-d X 4-d, `S.view({1, 1, K})` is K numbers (the unit dims are the view's, not
+    S's: a 3-d S drafted from it never fit), `devicetensor<scalar_t, 3>(G)` is a 3-d view."""
+    names = ["GE", "A", "X", "C", "S"]
+    facts = {n: TensorFacts() for n in names}
+    for name, f in facts.items():
+        read_facts(COMPOSITE, name, f)
+    assert (facts["GE"].ndim, facts["A"].ndim) == (3, 3)  # exactly: no wider draft
+    assert facts["GE"].fixed_rank == 3 and facts["X"].ndim == 3
+    assert facts["C"].ndim == 2 and facts["S"].ndim == 1
+    typed = TensorFacts()
+    read_facts("auto G = devicetensor<scalar_t, 3>(GSL_);", "GSL_", typed)
+    assert typed.ndim == 3
+
+
+def test_a_composite_cpu_twin_gets_drafts_in_the_ranks_its_aten_ops_take(tmp_path):
+    reference = tmp_path / "aggregate.cpp"
+    reference.write_text(
+        "#include <torch/extension.h>\n"
+        + COMPOSITE
+        + "void kminer_bind(pybind11::module_& m) {\n"
+        + '  m.def("reference", &aggregate_backward_cpu);\n}\n'
+        + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n"
+    )
+    params = [("const at::Tensor", n) for n in ("GE", "A", "X", "C", "S")]
+    text = reference.read_text()
+    calls = probed_calls(params, [(text, [n for _, n in params])], reference, tmp_path / "p")
+    assert isinstance(calls, list) and calls, calls  # before: no draft ran clean
+    for call in calls:
+        ge, a, x, _, s = call.args
+        assert (ge.dim(), a.dim(), x.dim(), s.dim()) == (3, 3, 3, 1)
+
+
 def test_the_codes_own_type_names_and_row_strides_are_read():
     """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
     steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
