@@ -266,6 +266,21 @@ def _libasan() -> str:
     return found if found.startswith("/") and Path(found).exists() else ""
 
 
+@cache
+def _preload() -> str:
+    """The sanitizer's runtime, then the C++ runtime: loaded by the interpreter only later (with
+    torch), `__cxa_throw` is not found when the sanitizer starts, and every C++ exception, such
+    as a TORCH_CHECK refusing a draft, ends the process in a sanitizer CHECK failure that reads
+    as a memory error."""
+    try:
+        cxx = subprocess.run(
+            ["g++", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        cxx = ""
+    return " ".join(p for p in (_libasan(), cxx) if p.startswith("/") and Path(p).exists())
+
+
 def asan_build(source: Path, name: str, out: Path) -> Path | None:
     """The self-contained reference `source` as the module `name` at `out`, built with
     AddressSanitizer by g++ in the sandbox; None when it does not build."""
@@ -300,7 +315,7 @@ def _verdicts(
     into its own fence: SparseConvNet's output_features.resize_ for a taller input)."""
     data = folder / "drafts.pt"
     torch.save(grouped, data)
-    env = {"LD_PRELOAD": _libasan(), "ASAN_OPTIONS": ASAN_OPTIONS, "OMP_NUM_THREADS": "1"}
+    env = {"LD_PRELOAD": _preload(), "ASAN_OPTIONS": ASAN_OPTIONS, "OMP_NUM_THREADS": "1"}
     out = folder / "verdicts.jsonl"
     argv = [sys.executable, str(PROBE), str(module), name, str(data), str(out), str(KEEP)]
     argv.append(json.dumps(list(bare)))

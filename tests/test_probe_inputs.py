@@ -224,6 +224,22 @@ def test_a_composite_cpu_twin_gets_drafts_in_the_ranks_its_aten_ops_take(tmp_pat
         assert (ge.dim(), a.dim(), x.dim(), s.dim()) == (3, 3, 3, 1)
 
 
+def test_a_draft_the_twin_refuses_is_refused_not_a_memory_error(tmp_path):
+    """A C++ exception (a TORCH_CHECK refusing the draft) used to end the probe's process in a
+    sanitizer CHECK failure (`real___cxa_throw` not found: the C++ runtime came after it), so
+    every refused draft read as a memory error and the reason said `asan`."""
+    reference = tmp_path / "refuses.cpp"
+    reference.write_text(
+        "#include <torch/extension.h>\n"
+        "at::Tensor refuses(const at::Tensor x) {\n"
+        '  TORCH_CHECK(x.dim() == 7, "seven dims, please");\n  return x * 2;\n}\n'
+        'void kminer_bind(pybind11::module_& m) { m.def("reference", &refuses); }\n'
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n"
+    )
+    why = probed_calls([("const at::Tensor", "x")], [], reference, tmp_path / "p")
+    assert isinstance(why, str) and "(raised)" in why and "asan" not in why, why
+
+
 def test_the_codes_own_type_names_and_row_strides_are_read():
     """SparseConvNet reads every index as `data_ptr<Int>()` under `using Int = int32_t;`, and
     steps a feature matrix by `stride(0)`: an Int tensor of rank 2, not a float vector."""
