@@ -13,7 +13,7 @@ import re
 
 from miner.textprep import bracket_end, split_top
 
-_DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"
+DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"  # the calls giving a tensor's data
 _QUALIFIERS = re.compile(r"\s*(?:const\b|noexcept\b|override\b|\s)*")
 _TYPES = r"(?:const\s+|constexpr\s+|static\s+)*(?:int|int64_t|int32_t|long|size_t|auto|unsigned)"
 MAX_WIDTH = 64
@@ -22,7 +22,7 @@ MAX_WIDTH = 64
 def passed_row(code: str, name: str) -> int | None:
     """The one literal row width the functions `code` hands `name`'s data to step it by
     (1 < width <= MAX_WIDTH), else None (none found, or several that disagree)."""
-    handed = rf"\b{re.escape(name)}\s*(?:\.\s*contiguous\s*\(\s*\)\s*)?(?:\.|->)\s*{_DATA}"
+    handed = rf"\b{re.escape(name)}\s*(?:\.\s*contiguous\s*\(\s*\)\s*)?(?:\.|->)\s*{DATA}"
     handed += r"\s*(?:<[^<>()]+>)?\s*\(\s*\)"
     widths: set[int] = set()
     for m in re.finditer(handed, code):
@@ -31,8 +31,13 @@ def passed_row(code: str, name: str) -> int | None:
             continue
         callee, index = at
         for param, body in _definitions(code, callee, index):
-            widths |= _row_widths(body, param, code)
-    if len(widths) == 1 and 1 < (width := widths.pop()) <= MAX_WIDTH:
+            widths |= row_widths(body, param, code)
+    return single_width(widths)
+
+
+def single_width(widths: set[int]) -> int | None:
+    """The width, where the code steps by one only and it is a plausible row."""
+    if len(widths) == 1 and 1 < (width := next(iter(widths))) <= MAX_WIDTH:
         return width
     return None
 
@@ -98,7 +103,7 @@ def _definitions(code: str, callee: str, index: int):
             yield named[1], code[after:end]
 
 
-def _row_widths(body: str, param: str, code: str) -> set[int]:
+def row_widths(body: str, param: str, code: str) -> set[int]:
     """Widths `param` is stepped by in `body`: `param + i * W`, `param[i * W + k]`, W a literal
     or a name given one literal value (in the body, else anywhere in `code`)."""
     stepped = rf"\b{re.escape(param)}\s*(?:\+|\[)\s*(\w+)\s*\*\s*(\w+)\b(?!\s*[*(])"

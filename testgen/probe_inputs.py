@@ -256,29 +256,27 @@ def _summing(counts: list[int], total: int):
 
 
 @cache
-def _libasan() -> str:
+def _gcc_file(name: str) -> str:
+    """Where g++ finds its runtime file `name`, "" when it has none."""
     try:
         found = subprocess.run(
-            ["g++", "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30
+            ["g++", f"-print-file-name={name}"], capture_output=True, text=True, timeout=30
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
     return found if found.startswith("/") and Path(found).exists() else ""
 
 
-@cache
+def _libasan() -> str:
+    return _gcc_file("libasan.so")
+
+
 def _preload() -> str:
     """The sanitizer's runtime, then the C++ runtime: loaded by the interpreter only later (with
     torch), `__cxa_throw` is not found when the sanitizer starts, and every C++ exception, such
     as a TORCH_CHECK refusing a draft, ends the process in a sanitizer CHECK failure that reads
     as a memory error."""
-    try:
-        cxx = subprocess.run(
-            ["g++", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        cxx = ""
-    return " ".join(p for p in (_libasan(), cxx) if p.startswith("/") and Path(p).exists())
+    return " ".join(p for p in (_libasan(), _gcc_file("libstdc++.so.6")) if p)
 
 
 def asan_build(source: Path, name: str, out: Path) -> Path | None:

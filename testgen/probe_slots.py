@@ -19,7 +19,8 @@ import torch
 from miner.textprep import split_top
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
-from testgen.passed_rows import passed_row
+from testgen.passed_rows import DATA as _DATA
+from testgen.passed_rows import passed_row, row_widths, single_width
 from wrappers.adapter import aliases as type_aliases
 
 _DTYPES = {  # made_inputs' C types, and those only a probe meets (flags, bytes, unsigned)
@@ -31,7 +32,6 @@ _SCALAR_NAMES = {
     "Int": torch.int32, "Long": torch.int64, "Float": torch.float32, "Double": torch.float64,
     "Half": torch.float16, "Bool": torch.bool, "Byte": torch.uint8,
 }  # fmt: skip
-_DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"
 _VIEWED = r"(?:view|reshape)\s*\(\s*\{([^{}]*)\}"  # a view of its data in {dims}
 _RANKED_OPS = {"bmm": 3, "baddbmm": 3, "mm": 2, "addmm": 2}  # ATen ops taking only that rank
 
@@ -107,12 +107,7 @@ def read_facts(
     # `const float *boxes_a = boxes_a_tensor.data<float>();` ... `boxes_a + i * 7`
     alias = rf"(?:const\s+)?[\w:]+\s*\*\s*(?:const\s+)?([A-Za-z_]\w*)\s*=\s*{member}{_DATA}\s*<"
     for a in {m[1] for m in re.finditer(alias, code)}:
-        by_rows = (
-            rf"\b{re.escape(a)}\s*(?:\+|\[)\s*(?:\w+\s*\*\s*(\d+)|(\d+)\s*\*\s*\w+)\b(?!\s*[*(])"
-        )
-        widths = {int(m[1] or m[2]) for m in re.finditer(by_rows, code)}
-        if len(widths) == 1 and 1 < (width := widths.pop()) <= 64:
-            facts.row = width
+        facts.row = single_width(row_widths(code, a, code)) or facts.row
     if facts.row is None:  # or by the function its data is handed to
         facts.row = passed_row(code, name)
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
@@ -148,15 +143,14 @@ def read_facts(
     scalar = r"(?:scalar_type|dtype)\s*\(\s*\)\s*==\s*(?:\w+::)*k?(\w+)"
     for m in re.finditer(member + scalar, code):
         _note(facts, _SCALAR_NAMES.get(m[1]), m[1])
-    typed = rf"\b\w+\s*<\s*(?:const\s+)?([A-Za-z_][\w:]*)\s*>\s*\(\s*{n}\s*\)"
+    # a typed view: `tv::torch2tv<const int>(x)`, of k dims: `devicetensor<scalar_t, 3>(x)`
+    typed = rf"\b\w+\s*<\s*(?:const\s+)?([A-Za-z_][\w:]*)\s*(?:,\s*(\d+)\s*)?>\s*\(\s*{n}\s*\)"
     for m in re.finditer(typed + r"(\s*\.\s*subview\s*\(([^()]*)\))?", code):
-        _note(facts, _dtype_of(m[1], aliases), m[1])  # a typed view: `tv::torch2tv<const int>(x)`
-        if m[2]:  # a view k indices into it has k dimensions more than the one it gives
-            facts.rank = max(facts.rank, len(split_top(m[3])) + 1)
-    ranked = rf"\b\w+\s*<\s*(?:const\s+)?([A-Za-z_][\w:]*)\s*,\s*(\d+)\s*>\s*\(\s*{n}\s*\)"
-    for m in re.finditer(ranked, code):  # a typed view of k dims: `devicetensor<scalar_t, 3>(x)`
         _note(facts, _dtype_of(m[1], aliases), m[1])
-        facts.rank = max(facts.rank, int(m[2]))
+        if m[2]:
+            facts.rank = max(facts.rank, int(m[2]))
+        if m[3]:  # a view k indices into it has k dimensions more than the one it gives
+            facts.rank = max(facts.rank, len(split_top(m[4])) + 1)
     if depth < 1:  # a copy that the code reads in its place: `auto c = x.to(torch::kCPU);`, `= x;`
         copies = rf"\b([A-Za-z_]\w*)\s*=\s*{n}\s*(?:;|\.\s*(?:to|cpu|contiguous|clone)\s*\()"
         for m in re.finditer(copies, code):

@@ -233,11 +233,15 @@ def hold_builds(root: Path):
     except BlockingIOError:
         held.close()
         raise BundleBusy(f"another run.py is using {root}") from None
-    freed = 0
-    for lock in root.rglob("lock"):
-        if lock.is_file():
-            lock.unlink(missing_ok=True)
-            freed += 1
+    freed = free_locks(root)
     if freed:
         print(f"freed {freed} build lock(s) left by a run that was killed", file=sys.stderr)
     return held
+
+
+def free_locks(root: Path) -> int:
+    """Remove torch's build locks under `root` (only where no build can be under way in it)."""
+    locks = [lock for lock in root.rglob("lock") if lock.is_file()]
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    return len(locks)

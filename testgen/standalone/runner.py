@@ -337,8 +337,7 @@ class Runner:
             p = run_test(test, build_env, self.args.build_timeout)
         outcome, why = verdict("build", p, self.args.build_timeout)
         if outcome == "timeout":  # its tree was ended mid-build: its lock would hold the folder
-            for lock in build_dir.glob("*/lock"):
-                lock.unlink(missing_ok=True)
+            prebuild.free_locks(build_dir)
         if outcome in CACHED:
             marker.parent.mkdir(parents=True, exist_ok=True)
             _write_json(marker, {"outcome": outcome, "detail": why, "log": p.log[-LOG_TAIL:]})
