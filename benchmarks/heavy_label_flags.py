@@ -10,7 +10,8 @@ settings side by side on the machine's cores (`--split-compile` shares them out)
 `--time` phase log, and prints the wall times and their ratios to the default in one JSON object
 (also written to --out). A setting not done within --limit seconds says so.
 
-    python3 benchmarks/heavy_label_flags.py LABEL.cu --limit 540 --out result.json
+    python3 benchmarks/heavy_label_flags.py LABEL.cu --limit 540 --out result.json \
+        [--settings cicc_O0,debug_G]
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SETTINGS = {
     "default": [],
     "ptxas_O0": ["-Xptxas", "-O0"],
     "ptxas_O1": ["-Xptxas", "-O1"],
+    "cicc_O0": ["-Xcicc", "-O0", "-Xptxas", "-O0"],  # NVVM's optimizer off too (the cicc phase)
+    "cicc_O1": ["-Xcicc", "-O1"],
+    "debug_G": ["-G"],  # device debug: every device optimization off
 }
 
 
@@ -60,22 +64,24 @@ def main() -> None:
     parser.add_argument("label", type=Path)
     parser.add_argument("--limit", type=float, default=540)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--settings", default="default,ptxas_O0,ptxas_O1", help="comma-separated")
     args = parser.parse_args()
-    threads = max(1, (os.cpu_count() or 1) // len(SETTINGS))
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(len(SETTINGS)) as pool:
-        dirs = {name: Path(tmp) / name for name in SETTINGS}
+    chosen = {n: SETTINGS[n] for n in dict.fromkeys(["default", *args.settings.split(",")])}
+    threads = max(1, (os.cpu_count() or 1) // len(chosen))
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(len(chosen)) as pool:
+        dirs = {name: Path(tmp) / name for name in chosen}
         for d in dirs.values():
             d.mkdir()
         futures = {
             name: pool.submit(compile_once, args.label, extra, threads, args.limit, dirs[name])
-            for name, extra in SETTINGS.items()
+            for name, extra in chosen.items()
         }
         results = {name: f.result() for name, f in futures.items()}
     base = results["default"]["wall_s"] if results["default"]["ok"] else None
     for r in results.values():
         r["ratio_to_default"] = round(r["wall_s"] / base, 3) if base and r["ok"] else None
     report = {"label": args.label.name, "threads_each": threads, "nvcc": toolchain.nvcc_version(),
-              "settings": {n: SETTINGS[n] for n in SETTINGS}, "results": results}  # fmt: skip
+              "settings": chosen, "results": results}  # fmt: skip
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

@@ -3,8 +3,9 @@
 
 From those base calls the plan derives the rest of the cases: every dtype the label instantiates
 (its AT_DISPATCH macro), and edge values (zeros, negatives, large magnitudes) in the first
-floating tensor, which is the op's data by the convention every launcher we met follows; index
-and geometry tensors are never touched, so a derived case stays valid.
+floating tensor, which is the op's data by the convention every launcher we met follows (past a
+list of regions that leads with a batch index: `edge_arg`); index and geometry tensors are never
+touched, so a derived case stays valid.
 """
 
 from __future__ import annotations
@@ -240,6 +241,31 @@ def _first_float(args: list) -> int | None:
         if getattr(a, "is_floating_point", lambda: False)():
             return i
     return None
+
+
+def edge_arg(args: list) -> int | None:
+    """The tensor that gets the edge values: the first floating one, unless it is a list of
+    regions whose first column is a batch index (rois (K, 5) as `[b, x1, y1, x2, y2]`) and a
+    later floating tensor is not. Negated or enlarged, that column indexes outside the batch:
+    the reference and the kernel read and write outside their buffers (PyTorch-Encoding's
+    RoIAlign backward ran its 8 cases, then died at exit of the heap its CPU twin corrupted)."""
+    floats = [i for i, a in enumerate(args) if getattr(a, "is_floating_point", lambda: False)()]
+    data = [i for i in floats if not _batch_column(args[i], args)]
+    return (data or floats or [None])[0]
+
+
+def _batch_column(t, args: list) -> bool:
+    """Whether column 0 of a box-like tensor holds batch indices: whole numbers from 0, each
+    below a batch size the call states (an integer argument, or dim 0 of a >= 3-D tensor)."""
+    if not _box_like(t) or not t.numel():
+        return False
+    col = t[:, 0].double()
+    if not bool(((col >= 0) & (col == col.round())).all()):
+        return False
+    top = int(col.max())
+    sizes = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    sizes += [int(a.shape[0]) for a in args if hasattr(a, "dim") and a.dim() >= 3]
+    return any(top < n for n in sizes)
 
 
 def _box_like(t) -> bool:
@@ -503,17 +529,19 @@ def plan(
     for k in recorded:  # each recorded call: its modes may reach another specialization
         for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
             selecting(f"rank{n}_of_{k}", k, args, how)
-    d = _first_float(base[0].args)
+    d = edge_arg(base[0].args)
     if d is not None:
         for edge in ("zeros", "negative", "large"):
             if edge != "zeros" or not _box_like(base[0].args[d]):
                 add(f"edge_{edge}", 0, edge=edge)
+                out.cases[-1]["edge_arg"] = d
         firsts = {}
         for i, b in enumerate(base):
             firsts.setdefault(mode_key(b.args), i)
         for i in list(firsts.values())[1:MAX_MODE_EDGES]:  # each other mode's values, x LARGE
-            if _first_float(base[i].args) is not None:
+            if (e := edge_arg(base[i].args)) is not None:
                 add(f"edge_large_{i}", i, edge="large")
+                out.cases[-1]["edge_arg"] = e
         tiled = None
         if not whole:
             tiled = channel_tiling(base[largest].args, names)

@@ -79,10 +79,14 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     if case.get("tile"):
         what += f", channels x{case['tile']['times']} (arguments {case['tile']['args']})"
     if case["edge"]:
+        data = "first floating tensor"
+        floats = [i for i, a in enumerate(base.args) if getattr(a, "is_floating_point", bool)()]
+        if case.get("edge_arg") not in (None, *floats[:1]):
+            data = f"argument {case['edge_arg']} (the first floating one holds batch indices)"
         what += {
-            "zeros": ", first floating tensor all zeros",
-            "negative": ", first floating tensor negated",
-            "large": f", first floating tensor x{LARGE:g}",
+            "zeros": f", {data} all zeros",
+            "negative": f", {data} negated",
+            "large": f", {data} x{LARGE:g}",
         }[case["edge"]]
     return what
 
@@ -131,6 +135,7 @@ def render_test(
                 [
                     {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag", "made")}
                     | ({"was": c["was"]} if c.get("flag") is not None else {})
+                    | ({"edge_arg": c["edge_arg"]} if c.get("edge_arg") is not None else {})
                     for c in plan.cases
                 ],
                 width=92,

@@ -30,6 +30,8 @@ from testgen.interp import Unmappable, evaluate, run_statements
 from wrappers.label import render_label
 from wrappers.mined import mine_wrapper
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.mark.parametrize(
     ("expr", "want"),
@@ -273,6 +275,32 @@ def test_boxes_get_no_zeros_case():
     p = plan([BaseCall([boxes, torch.tensor([0.9, 0.8]), 0.5], "t.py")], ["float32"])
     assert "edge_zeros" not in [c["id"] for c in p.cases]
     assert "edge_negative" in [c["id"] for c in p.cases]
+
+
+def test_edge_values_go_past_regions_that_lead_with_a_batch_index():
+    """RoIAlign's backward binding takes `rois (K, 5)` = [b, x1, y1, x2, y2] before the
+    gradient: negated or enlarged, column 0 indexed outside the batch and the CPU twin wrote
+    outside its buffer (PyTorch-Encoding's test passed its cases, then died at exit). The edge
+    values now go in the gradient; boxes without a batch column keep them."""
+    rois = torch.tensor([[0.0, 1.5, 1.0, 6.2, 5.0], [1.0, 0.0, 2.0, 3.0, 7.5]])
+    grad = torch.randn(2, 3, 2, 2)
+    p = plan([BaseCall([rois, grad, 2, 3, 8, 8, 2, 2, 0.5, 2], "t.py")], ["float32"])
+    edges = [c for c in p.cases if c["edge"]]
+    assert {c["id"] for c in edges} == {"edge_zeros", "edge_negative", "edge_large"}
+    assert all(c["edge_arg"] == 1 for c in edges)
+    text = (ROOT / "prompts" / "test_code.py.j2").read_text()
+    start = text.index("\ndef _prepare(")
+    scope: dict = {"LARGE": 1000.0}
+    exec("import torch\n", scope)
+    exec(text[start : text.index("\ndef ", start + 1)], scope)
+    negated = scope["_prepare"]([rois, grad, 2], edges[1])
+    assert torch.equal(negated[0], rois) and torch.equal(negated[1], -grad)
+    old_case = {k: v for k, v in edges[1].items() if k != "edge_arg"}  # a test rendered before
+    assert torch.equal(scope["_prepare"]([rois, grad, 2], old_case)[0], -rois)
+    beyond = rois.clone()
+    beyond[1, 0] = 7.0  # no batch of 8 is stated: a coordinate, not an index
+    p = plan([BaseCall([beyond, grad, 2, 3], "t.py")], ["float32"])
+    assert all(c["edge_arg"] == 0 for c in p.cases if c["edge"])
 
 
 def write_label(refrepo, cand, workdir) -> None:
