@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from miner import sandbox, toolchain
-from testgen.cases import BaseCall
+from testgen.cases import EDGES, BaseCall, with_edge
 from testgen.cpu_twin import COMPILE_LIMITS
 from testgen.probe_slots import Slot, TensorFacts, slots_for
 from testgen.standalone import PROBE
@@ -386,13 +386,32 @@ def probed_calls(
             if grown_verdicts.get(k) == "ok":
                 taller.setdefault(n, []).append(args)
     # each size's best draft first (the plan's first calls), then the runners-up
-    return [
+    calls = [
         BaseCall(kept[n][rank], PROBE_ORIGIN)
         for kept, at in ((held, (*sizes, *tiles)), (taller, tiles))
         for rank in range(KEEP)
         for n in at
         if rank < len(kept.get(n, []))
     ]
+    return _edges_checked(module, name, calls, bare)
+
+
+def _edges_checked(module: Path, name: str, calls: list[BaseCall], bare: tuple) -> list:
+    """The calls, each with the edge values its CPU implementation runs clean. A draft is
+    clean at its own values; negated or enlarged, a value the code uses as an index (a region's
+    batch column drafted as 2.4) reaches outside the buffers, and the reference and the kernel
+    corrupt memory in the test (PyTorch-Encoding's RoIAlign backward died at exit)."""
+    checks = [(k, edge) for k in range(len(calls)) for edge in EDGES]
+    with tempfile.TemporaryDirectory(prefix="kminer-probe-") as tmp:
+        grouped = [(g, with_edge(calls[k].args, edge)) for g, (k, edge) in enumerate(checks)]
+        verdicts = _verdicts(module, name, grouped, Path(tmp), bare)
+    for k, call in enumerate(calls):
+        call.edges = tuple(
+            edge
+            for g, (j, edge) in enumerate(checks)
+            if j == k and verdicts.get(g) in ("ok", "empty")
+        )
+    return calls
 
 
 def _taller(clean: list[tuple[int, list]], agree: bool) -> list[tuple[int, tuple, list]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from pprint import pformat
 
 from miner.candidate import Candidate
-from testgen.cases import CasePlan
+from testgen.cases import LARGE, CasePlan
 from testgen.llm_reference import origin
 from wrappers.label import environment
 
@@ -28,7 +28,6 @@ TOLERANCES = {  # rtol, atol by the label's output dtype
     "float16": (1e-2, 1e-2),
     "bfloat16": (2e-2, 2e-2),
 }
-LARGE = 1000.0
 _CHUNK = 96
 # an atomic counter's old value kept (a slot, a position): outputs come in the atomics' order
 _SLOT = re.compile(r"(?<![=!<>])=\s*atomic(?:Add|Inc|Sub)\s*\(")

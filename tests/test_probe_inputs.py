@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testgen.probe_inputs import KEEP, drafts, probed_calls
+from testgen.cases import BaseCall, plan
+from testgen.probe_inputs import KEEP, _edges_checked, asan_build, drafts, probed_calls
 from testgen.probe_slots import TensorFacts, read_facts, slots_for
 
 LABEL = """
@@ -504,6 +505,40 @@ def test_a_read_far_past_a_tensor_is_seen_through_its_fences(tmp_path):
     for call in calls:
         x, c, n = call.args
         assert 0 <= (n - 1) * c < x.numel(), (x.shape, c, n)
+
+
+PER_IMAGE_REFERENCE = r"""
+#include <torch/extension.h>
+at::Tensor per_image_cpu(const at::Tensor rois, const at::Tensor grad, int64_t b_size) {
+  auto out = torch::zeros({b_size, 4}, grad.options());
+  for (int n = 0; n < rois.size(0); n++) {
+    int b = rois.data_ptr<float>()[n * 5];  // a region's batch column, read as an index
+    out.data_ptr<float>()[b * 4 + n % 4] += grad.data_ptr<float>()[n];
+  }
+  return out;
+}
+void kminer_bind(pybind11::module_& m) { m.def("reference", &per_image_cpu); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }
+"""
+
+
+@pytest.mark.slow
+def test_edge_values_a_drafted_call_does_not_run_clean_are_not_its_cases(tmp_path):
+    """A drafted region's batch column of 1.4 runs clean; negated it indexes image -1, and the
+    CPU twin writes before its output (PyTorch-Encoding's RoIAlign backward test passed its
+    cases, then died at exit of the corrupted heap). The probe checks each kept call's edge
+    values the same way, and the plan makes cases of the clean ones only."""
+    reference = tmp_path / "per_image.cpp"
+    reference.write_text(PER_IMAGE_REFERENCE)
+    module = asan_build(reference, "kminer_edges", tmp_path / "m" / "kminer_edges.so")
+    assert module is not None
+    rois = torch.tensor([[1.4, 0.5, 0.5, 2.0, 2.0]] * 3)
+    (call,) = _edges_checked(module, "kminer_edges", [BaseCall([rois, torch.rand(3), 2], "t")], ())
+    assert "negative" not in call.edges and "zeros" in call.edges
+    ids = {c["id"] for c in plan([call], ["float32"], whole=True).cases}
+    assert ids == {"recorded_0"} | {f"edge_{e}" for e in call.edges if e != "zeros"}  # (boxes)
+    unchecked = BaseCall([rois, torch.rand(3), 2], "t")  # a recorded call: every edge
+    assert "edge_negative" in {c["id"] for c in plan([unchecked], ["float32"]).cases}
 
 
 def test_a_dispatchs_per_branch_type_name_is_no_alias():
