@@ -31,6 +31,9 @@ def define_scope_end(code: str, define: re.Match) -> int:
     return found.start() if found is not None else len(code)
 
 
+# a pointer qualifier a macro may stand for (pytorch3d's `#define RESTRICT __restrict__`): left
+# as a bare name, `float const* const RESTRICT grad_im` parsed as two parameters
+_ALIAS_TOKENS = QUALIFIER_TOKENS | {"__restrict__", "__restrict"}
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\S")
 
@@ -123,7 +126,7 @@ def _expansion(body: str, known: dict[str, str]) -> str | None:
         return ""
     out: list[str] = []
     for w in words:
-        if w in QUALIFIER_TOKENS:
+        if w in _ALIAS_TOKENS:
             out.append(w)
         elif w in known:
             out.append(known[w])

@@ -106,6 +106,8 @@ class Extractor:
             return set()
         unused: set[int] = set()
         for name in closure.ambiguous:
+            if name.startswith("operator"):  # an overload is chosen by the types it takes, which
+                continue  # the closure matched; libclang missed pytorch3d's `a.cam == b.cam`
             defs = [
                 e
                 for e in closure.entries

@@ -276,7 +276,12 @@ def unit_flags(needs_torch: bool) -> list[str]:
     flags += [f"-I{d}" for d in (*header_library_dirs(), *cuda_library_dirs(), *math_shim_dirs())]
     if needs_torch:
         flags += [f"-I{d}" for d in torch_include_dirs()] + list(NVCC_DEFINES)
+    else:  # what only allows more: the label's build has them (pytorch3d's calc_gradients
+        flags += _PERMISSIVE  # calls the constexpr std::max from a kernel)
     return flags
+
+
+_PERMISSIVE = [f for f in NVCC_DEFINES if not f.startswith("-D")]
 
 
 @functools.cache

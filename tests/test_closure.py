@@ -521,3 +521,49 @@ def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):
     assert compat_lines(bare, disc.models) == ["#include <iomanip>"]
     own = [ExternalInclude(h, True, (), "k.cu") for h in ("iostream", "iomanip")]
     assert compat_lines(Closure([Entry(show, ())], own, False), disc.models) == []
+
+
+@needs_nvcc
+def test_a_pulsar_like_header_kernel_keeps_its_operators_and_restrict_parameters(tmp_path):
+    """pytorch3d's pulsar renderer: `a.cam == b.cam` inside `operator==(Renderer, Renderer)`
+    needs CamInfo's own operator==, which libclang's reach from the kernel dropped (3 operators
+    of that name in 3 headers); `float const* const RESTRICT bg` (`#define RESTRICT
+    __restrict__`) parsed as two parameters; and the constexpr std::max called from a kernel
+    needs nvcc's relaxed constexpr, which every torch extension build passes."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "global.h").write_text(
+        "#pragma once\n#include <algorithm>\n#define RESTRICT __restrict__\n"
+        "struct vec3 { float x, y, z; };\n"
+        "inline bool operator==(const vec3& a, const vec3& b) { return a.x == b.x; }\n"
+    )
+    (tmp_path / "camera.h").write_text(
+        '#pragma once\n#include "global.h"\nstruct CamInfo { vec3 eye; int width; };\n'
+        "inline bool operator==(const CamInfo& a, const CamInfo& b) {\n"
+        "  return a.eye == b.eye && a.width == b.width;\n};\n"
+    )
+    (tmp_path / "renderer.h").write_text(
+        '#pragma once\n#include "camera.h"\nstruct Renderer { CamInfo cam; float* out; int n; };\n'
+        "inline bool operator==(const Renderer& a, const Renderer& b) {\n"
+        "  return a.cam == b.cam && a.n == b.n;\n}\n"
+    )
+    (tmp_path / "fill.device.h").write_text(
+        '#pragma once\n#include "renderer.h"\n'
+        "template <bool DEV>\n__global__ void fill_bg(Renderer r, const CamInfo cam,\n"
+        "    float const* const RESTRICT bg, /** the background */\n    const int mode) {\n"
+        "  int i = threadIdx.x;\n  if (i < std::max(r.n, cam.width)) r.out[i] = bg[mode];\n}\n"
+    )
+    (tmp_path / "fill.cu").write_text(
+        '#include "fill.device.h"\n'
+        "void launch(Renderer r, CamInfo c, const float* bg) {\n"
+        "  fill_bg<true><<<1, 32>>>(r, c, bg, 0);\n}\n"
+    )
+    disc = discover(tmp_path)
+    k = kernel(disc, "fill_bg")
+    assert [p[1] for p in k.kdef.params] == ["r", "cam", "bg", "mode"]
+    unit = Extractor(disc).extract(k, "t").unit
+    assert "operator==(const CamInfo& a" in unit.text
+    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+    assert result.status.value == "ok", result.detail
