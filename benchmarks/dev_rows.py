@@ -12,8 +12,9 @@ kernel-level row per passing candidate, and one op-level row per label that hold
 kernels (curation.ops) whose every kernel passed.
 
 `--results`: GPU results files (run.py's output) for the candidates the workdir holds no verify
-result for, by candidate id, the first file holding one winning: a device session too short
-for a whole repository adds the earlier runs of the same tests (same id), and says which.
+result for, by candidate id, the first file holding one winning (give the newest first): a
+device session too short for a whole repository adds the earlier runs of the same tests (same
+id), and says which.
 """
 
 from __future__ import annotations

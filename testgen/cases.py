@@ -50,6 +50,9 @@ class BaseCall:
     selects: bool = False  # derived: an argument set to the value that launches the kernel
     edges: tuple | None = None  # the edge values its reference runs clean (None: not checked)
 
+    def allows(self, edge: str) -> bool:
+        return self.edges is None or edge in self.edges
+
 
 @dataclass
 class CasePlan:
@@ -252,9 +255,14 @@ def with_edge(args: list, edge: str) -> list:
     """`args` with the edge values in its data (`edge_arg`), as the test's `_prepare` puts them."""
     d = edge_arg(args)
     out = [a.clone() if hasattr(a, "clone") else a for a in args]
-    if d is not None:
-        t = out[d]
-        t.zero_() if edge == "zeros" else t.neg_() if edge == "negative" else t.mul_(LARGE)
+    if d is None:
+        return out
+    if edge == "zeros":
+        out[d].zero_()
+    elif edge == "negative":
+        out[d].neg_()
+    else:
+        out[d].mul_(LARGE)
     return out
 
 
@@ -547,7 +555,7 @@ def plan(
     d = edge_arg(base[0].args)
     if d is not None:
         for edge in EDGES:
-            if base[0].edges is not None and edge not in base[0].edges:
+            if not base[0].allows(edge):
                 continue  # its reference wrote out of bounds there (a drafted call's indices)
             if edge != "zeros" or not _box_like(base[0].args[d]):
                 add(f"edge_{edge}", 0, edge=edge)
@@ -556,7 +564,7 @@ def plan(
         for i, b in enumerate(base):
             firsts.setdefault(mode_key(b.args), i)
         for i in list(firsts.values())[1:MAX_MODE_EDGES]:  # each other mode's values, x LARGE
-            if (e := edge_arg(base[i].args)) is not None and "large" in (base[i].edges or EDGES):
+            if (e := edge_arg(base[i].args)) is not None and base[i].allows("large"):
                 add(f"edge_large_{i}", i, edge="large")
                 out.cases[-1]["edge_arg"] = e
         tiled = None

@@ -301,6 +301,9 @@ def test_edge_values_go_past_regions_that_lead_with_a_batch_index():
     beyond[1, 0] = 7.0  # no batch of 8 is stated: a coordinate, not an index
     p = plan([BaseCall([beyond, grad, 2, 3], "t.py")], ["float32"])
     assert all(c["edge_arg"] == 0 for c in p.cases if c["edge"])
+    # a drafted call none of whose edge values its reference ran clean gets none, in any mode
+    modes = [BaseCall([grad, m], "t.py", edges=()) for m in (1, 2)]
+    assert not [c for c in plan(modes, ["float32"], whole=True).cases if c["edge"]]
 
 
 def write_label(refrepo, cand, workdir) -> None:
