@@ -240,7 +240,7 @@ def label_dtypes(label_text: str) -> list[str]:
     return ["float32"]
 
 
-def _first_float(args: list) -> int | None:
+def first_float(args: list) -> int | None:
     for i, a in enumerate(args):
         if getattr(a, "is_floating_point", lambda: False)():
             return i
@@ -321,7 +321,7 @@ def channel_tiling(
     mixes channels with something else). Every size is a multiple of C = 1, so that rule says
     nothing then; `loose` drops it for C = 1 (a last resort for a call of too few shapes: a wrong
     guess makes the test fail the right kernel, never pass a wrong one)."""
-    d = _first_float(args)
+    d = first_float(args)
     if d is None or args[d].dim() < 2:
         return None
     c = int(args[d].shape[1])
@@ -399,7 +399,7 @@ def _full(args: list, dtypes: list[str]) -> str | None:
     """The dtype a mode's case runs in: full precision where the recorded call's data is
     half (a half case leaves integer outputs unjudged when only they differ, and the mode's
     kernel may write nothing else, as scatter's argmin/argmax); None keeps the recorded one."""
-    d = _first_float(args)
+    d = first_float(args)
     if d is None or str(args[d].dtype) not in ("torch.float16", "torch.bfloat16"):
         return None
     return next((dt for dt in dtypes if dt in ("float32", "float64")), None)
@@ -510,7 +510,7 @@ def plan(
         more = [more_rows(base[largest].args, names, MAX_ELEMENTS // 2, evidence[largest])]
     if more and more[0] is None:  # segments of a CSR pointer; two sizes where nothing varies
         more = [more_segments(base[largest].args, MAX_ELEMENTS // 2)]
-        if more[0] is not None and _first_float(base[0].args) is None:
+        if more[0] is not None and first_float(base[0].args) is None:
             more.append(more_segments(base[largest].args, MAX_ELEMENTS // 2, at_least=1031))
     for m, args in filter(None, more):
         if shape_key(args) in shapes:

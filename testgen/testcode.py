@@ -17,7 +17,7 @@ from pathlib import Path
 from pprint import pformat
 
 from miner.candidate import Candidate
-from testgen.cases import LARGE, CasePlan
+from testgen.cases import LARGE, CasePlan, first_float
 from testgen.llm_reference import origin
 from wrappers.label import environment
 
@@ -79,8 +79,7 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
         what += f", channels x{case['tile']['times']} (arguments {case['tile']['args']})"
     if case["edge"]:
         data = "first floating tensor"
-        floats = [i for i, a in enumerate(base.args) if getattr(a, "is_floating_point", bool)()]
-        if case.get("edge_arg") not in (None, *floats[:1]):
+        if case.get("edge_arg") not in (None, first_float(base.args)):
             data = f"argument {case['edge_arg']} (the first floating one holds batch indices)"
         what += {
             "zeros": f", {data} all zeros",
