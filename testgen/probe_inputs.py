@@ -50,7 +50,10 @@ from testgen.tile_sizes import sizes_at_rank
 log = logging.getLogger(__name__)
 SIZES_BY_RANK = {2: (16, 7, 29), 3: (10, 5, 13), 4: (6, 4, 7)}  # n per draft set, by the top rank
 MAX_DRAFTS = 192  # per size
-MAX_TILE_ELEMENTS = 1 << 18  # in a draft at a tile size: its tensors are embedded in the test
+# elements of a draft at a tile size: its tensors are embedded in the test. 65 a side at rank 3
+# with a rule book as tall (mmcv's sparse max-pool backward: features and pairs 65^3 each) is
+# 0.56M; at 2^18 no draft of 65 was kept, and the kernel for counts of 64 and more never ran
+MAX_TILE_ELEMENTS = 1 << 20
 KEEP = 3  # drafts kept per size: more value ranges give int-only ops 9 cases, not 3 (some
 # turn out invalid on the GPU: pytorch_sparse's random walk kept 4 of 6)
 PROBE_LIMITS = sandbox.Limits(seconds=150, memory_mb=8 << 10, processes=64, watch_rss=True)

@@ -479,6 +479,19 @@ def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
         assert feats.shape == (49, 48) and idx.shape[0] == 48
 
 
+
+def test_a_tile_size_past_the_largest_tile_keeps_a_rule_book_as_tall():
+    """mmcv's sparse max-pool backward, drafted at 65 (one past the largest tile: the kernel
+    for counts of 64 and more): features a dimension wider, two gradients, a rule book and its
+    counts. At 2^18 elements no such draft was kept and every wrong variant of that kernel
+    passed; its embedded tensors (2.5 MB of test) are the cost."""
+    from testgen.probe_inputs import MAX_TILE_ELEMENTS, _elements
+
+    shapes = [(65, 65, 65), (65, 65), (65, 65), (65, 65, 65), (65, 65)]
+    draft = [torch.zeros(s) for s in shapes]
+    assert _elements(draft) <= MAX_TILE_ELEMENTS
+    assert _elements([*draft, torch.zeros(65, 65, 65, 65)]) > MAX_TILE_ELEMENTS  # a rank more
+
 # reads one entry of each of n rows c wide: a wrong width reads far past a 1-D tensor
 FAR_REFERENCE = r"""
 #include <torch/extension.h>
