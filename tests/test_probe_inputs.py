@@ -479,7 +479,6 @@ def test_tile_sizes_try_only_the_drafts_that_ran_clean(tmp_path):
         assert feats.shape == (49, 48) and idx.shape[0] == 48
 
 
-
 def test_a_tile_size_past_the_largest_tile_keeps_a_rule_book_as_tall():
     """mmcv's sparse max-pool backward, drafted at 65 (one past the largest tile: the kernel
     for counts of 64 and more): features a dimension wider, two gradients, a rule book and its
@@ -491,6 +490,7 @@ def test_a_tile_size_past_the_largest_tile_keeps_a_rule_book_as_tall():
     draft = [torch.zeros(s) for s in shapes]
     assert _elements(draft) <= MAX_TILE_ELEMENTS
     assert _elements([*draft, torch.zeros(65, 65, 65, 65)]) > MAX_TILE_ELEMENTS  # a rank more
+
 
 # reads one entry of each of n rows c wide: a wrong width reads far past a 1-D tensor
 FAR_REFERENCE = r"""
