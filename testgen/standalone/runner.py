@@ -751,6 +751,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = "" if res["kill_rate"] is None else f" kill_rate {res['kill_rate']:.2f}"
             print(f"[{done}/{len(todo)}] {eid} {res['outcome']}{rate} {res['detail']}", flush=True)
     except KeyboardInterrupt:
+        # a second SIGTERM (the box's own limit after `timeout`'s) must not cut the shutdown
+        # that ends the tests' process trees short: it left a traceback and live children
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         feeder.stop()
         stop_all()
         pool.shutdown(wait=True, cancel_futures=True)
