@@ -487,9 +487,10 @@ def test_a_tile_size_past_the_largest_tile_keeps_a_rule_book_as_tall():
     from testgen.probe_inputs import MAX_TILE_ELEMENTS, _elements
 
     shapes = [(65, 65, 65), (65, 65), (65, 65), (65, 65, 65), (65, 65)]
-    draft = [torch.zeros(s) for s in shapes]
+    draft = [torch.empty(s, device="meta") for s in shapes]  # counted, never allocated
     assert _elements(draft) <= MAX_TILE_ELEMENTS
-    assert _elements([*draft, torch.zeros(65, 65, 65, 65)]) > MAX_TILE_ELEMENTS  # a rank more
+    wider = torch.empty(65, 65, 65, 65, device="meta")
+    assert _elements([*draft, wider]) > MAX_TILE_ELEMENTS  # a rank more
 
 
 # reads one entry of each of n rows c wide: a wrong width reads far past a 1-D tensor
