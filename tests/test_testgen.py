@@ -782,6 +782,29 @@ def test_indices_into_a_table_of_rows_in_any_order_are_compared_by_the_rows_they
     assert renumbered[1].dtype == torch.int32
 
 
+def test_order_free_holds_where_an_output_names_the_reversed_rows(refrepo, tmp_path):
+    """The order-free check reruns the reference with the data's rows reversed. An output that
+    names those rows (the faces a raster bin holds) is read with row i as row n-1-i: the same
+    faces, so the property holds; a bin capped below what it finds keeps other faces."""
+    module = _generated_test_module(refrepo, tmp_path)
+    x = torch.tensor([[1.0], [-2.0], [3.0], [4.0], [-5.0]])
+
+    def picks(slots):
+        class Reference:  # the rows holding a positive value, by index, in `slots` slots
+            @staticmethod
+            def reference(x):
+                found = (x[:, 0] > 0).nonzero().flatten()[:slots]
+                out = torch.full((slots,), -1, dtype=torch.long)
+                out[: len(found)] = found
+                return out
+
+        return Reference
+
+    for slots, holds in ((4, True), (2, False)):
+        want, _ = module._reference(picks(slots), [x])
+        assert module._order_free_holds(picks(slots), [x], want, "float32") is holds, slots
+
+
 def test_outputs_sorted_by_the_repository_compare_along_their_last_dim(refrepo, tmp_path):
     """SORTED_LAST (testgen/caller_sorts.py): each row's values in any order match, another
     multiset in a row does not, and without the flag order still counts."""
