@@ -5,7 +5,8 @@ From those base calls the plan derives the rest of the cases: every dtype the la
 (its AT_DISPATCH macro), and edge values (zeros, negatives, large magnitudes) in the first
 floating tensor, which is the op's data by the convention every launcher we met follows (past a
 list of regions that leads with a batch index: `edge_arg`); index and geometry tensors are never
-touched, so a derived case stays valid.
+touched, so a derived case stays valid, but for an index tensor's absent entries (-1), which one
+case fills with indices it holds (testgen/sentinels.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from testgen.interp import Unmappable
 from testgen.rank_variants import MAX_RANK_BASES, rank_variants
 from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
+from testgen.sentinels import filled_calls
 from testgen.shape_selectors import resized
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
@@ -48,6 +50,7 @@ class BaseCall:
     call: RecordedCall | None = None  # the repository's call it was carried down from
     derived: str = ""  # how the binding call was changed before it was carried down
     selects: bool = False  # derived: an argument set to the value that launches the kernel
+    filled: int | None = None  # derived: this argument's -1 entries filled (testgen/sentinels)
     edges: tuple | None = None  # the edge values its reference runs clean (None: not checked)
 
     def allows(self, edge: str) -> bool:
@@ -552,6 +555,10 @@ def plan(
     for k in recorded:  # each recorded call: its modes may reach another specialization
         for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
             selecting(f"rank{n}_of_{k}", k, args, how)
+    for k in [] if whole else sorted({0, largest}):  # every index present (testgen/sentinels)
+        for i, args in filled_calls(base[k].args, seed=k):
+            out.base.append(BaseCall(args, base[k].origin, rows_of=k, filled=i))
+            add(f"filled{i}_of_{k}", len(out.base) - 1)
     d = edge_arg(base[0].args)
     if d is not None:
         for edge in EDGES:

@@ -61,6 +61,9 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     elif case.get("flag") is not None:
         what = f"{call} 0 ({base.origin}) with its boolean argument {case['flag']} flipped "
         what += f"(a mode the recorded calls never ask for), tensors {shapes}"
+    elif base.filled is not None:
+        what = f"{call} {base.rows_of} ({base.origin}) with argument {base.filled}'s absent "
+        what += f"entries (-1) filled with indices it holds elsewhere, tensors {shapes}"
     elif base.selects:
         what = f"{call} {base.rows_of} ({base.origin}) with its {base.derived} (the recorded "
         what += f"calls launch another), tensors {shapes}"

@@ -208,6 +208,37 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
     assert p.cases[5]["tile"] == {"args": [0, 2], "times": 3}
 
 
+def test_an_index_tensors_absent_entries_are_filled_in_one_case_each():
+    """pytorch3d's rasterizer backward kernels: pix_to_face (N, H, W, K) holds -1 where a pixel
+    has fewer than K faces, and the last pixel is background in every recorded image, so a loop
+    one element short passed every case. The filled call names a face at every entry, each one
+    its own image holds; it is kminer's call (made), the recorded one is unchanged, and tensors
+    with no -1 (or other negatives: no sentinel) and the probe's whole calls get none."""
+    from testgen.sentinels import filled_calls
+
+    pix = torch.tensor(
+        [[[[0, 2], [1, -1]], [[-1, -1], [-1, -1]]], [[[5, -1], [-1, -1]], [[6, 7], [-1, -1]]]]
+    )
+    grads = torch.randn(2, 2, 2, 2)
+    calls = [BaseCall([grads, pix, 0.5], "tests/test_blend.py")]
+    p = plan(calls, ["float32"], ["grad", "pix_to_face", "sigma"])
+    filled = [c for c in p.cases if c["id"].startswith("filled")]
+    assert [c["id"] for c in filled] == ["filled1_of_0"] and filled[0]["made"]
+    args = p.base[filled[0]["base"]].args
+    assert bool((args[1] >= 0).all()) and torch.equal(args[0], grads)
+    assert set(args[1][0].unique().tolist()) <= {0, 1, 2} and set(args[1][1].unique().tolist()) <= {
+        5,
+        6,
+        7,
+    }
+    assert torch.equal(args[1][pix >= 0], pix[pix >= 0])  # present entries keep their index
+    assert int((p.base[0].args[1] == -1).sum()) == 10  # the recorded call as it was
+    assert filled_calls([grads, torch.tensor([0, 1, 2]), torch.tensor([-2, -1, 3])]) == []
+    assert not [
+        c for c in plan(calls, ["float32"], whole=True).cases if c["id"].startswith("filled")
+    ]
+
+
 def test_a_flag_the_recorded_calls_never_vary_is_flipped_once():
     """SparseConvNet's batch norm is recorded under a training script only (train=True): its
     inference kernel is reached by the same call with the flag flipped."""
