@@ -1441,6 +1441,29 @@ def test_a_fault_on_a_made_case_is_named_for_the_runner_to_leave_it_out(refrepo,
             assert found["rows2_of_0"].startswith("outside the op's contract: the repository's")
 
 
+def test_a_fault_when_a_differing_made_case_runs_again_is_named_too(refrepo, tmp_path):
+    """A case that differs is run again to see whether the label repeats itself; pytorch3d's
+    PaddedToPacked read memory it never wrote on an input kminer made and faulted only in that
+    rerun, which crashed the whole test. The rerun's fault is named like the first run's."""
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    runs = []
+
+    def faults_again(v):
+        runs.append(1)
+        if len(runs) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return v * 3  # differs from the reference
+
+    label = SimpleNamespace(**{module.FUNCTION: faults_again})
+    reference = SimpleNamespace(reference=lambda v: v * 2)
+    module.CALIBRATE = True
+    module.REPORT.pop("outside_crash", None)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        module._run_case(_case("binding_0_of_0", made=True), [[torch.ones(4)]], label, reference)
+    assert list(module.REPORT.get("outside_crash") or {}) == ["binding_0_of_0"] and len(runs) == 2
+
+
 def test_an_integer_output_may_take_only_the_references_own_picks(refrepo, tmp_path):
     """Where a few-ulp move of the inputs flips the reference's integer result (a value at a
     threshold), the label may take either pick there, never another value: a kernel that
