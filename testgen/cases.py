@@ -24,7 +24,7 @@ from testgen.interp import Unmappable
 from testgen.rank_variants import MAX_RANK_BASES, rank_variants
 from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
-from testgen.sentinels import filled_calls
+from testgen.sentinels import filled_calls, zero_positions
 from testgen.shape_selectors import resized
 
 MIN_CASES, MIN_SHAPES = 5, 3  # below this a test is kept, and the shortfall is said
@@ -50,7 +50,7 @@ class BaseCall:
     call: RecordedCall | None = None  # the repository's call it was carried down from
     derived: str = ""  # how the binding call was changed before it was carried down
     selects: bool = False  # derived: an argument set to the value that launches the kernel
-    filled: int | None = None  # derived: this argument's -1 entries filled (testgen/sentinels)
+    filled: str = ""  # derived: what was filled that the recorded calls leave empty (sentinels)
     edges: tuple | None = None  # the edge values its reference runs clean (None: not checked)
 
     def allows(self, edge: str) -> bool:
@@ -555,10 +555,15 @@ def plan(
     for k in recorded:  # each recorded call: its modes may reach another specialization
         for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
             selecting(f"rank{n}_of_{k}", k, args, how)
-    for k in [] if whole else sorted({0, largest}):  # every index present (testgen/sentinels)
+    zeros = zero_positions([b.args for b in base])
+    for k in [] if whole else sorted({0, largest}):  # what no recorded call holds (sentinels)
         for i, args in filled_calls(base[k].args, seed=k):
-            out.base.append(BaseCall(args, base[k].origin, rows_of=k, filled=i))
+            what = f"argument {i}'s absent entries (-1) filled with indices it holds elsewhere"
+            out.base.append(BaseCall(args, base[k].origin, rows_of=k, filled=what))
             add(f"filled{i}_of_{k}", len(out.base) - 1)
+        if zeros:
+            add(f"nonzero{'_'.join(map(str, zeros))}_of_{k}", k)
+            out.cases[-1]["nonzero"] = zeros
     d = edge_arg(base[0].args)
     if d is not None:
         for edge in EDGES:

@@ -52,6 +52,7 @@ from testgen.call_site_twin import call_site_twin
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
 from testgen.guarded_twin import guarded_twin
+from testgen.mode_dispatch import dispatch_adapter, distinct, mode_of
 from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
 from wrappers.adapter import aliases
@@ -117,6 +118,7 @@ class Located:
     group_helper: tuple[str, str] = ("", "")  # (name, code) looping a group twin (group_twin)
     closure: Closure | None = None  # computed already (a device branch's host version)
     twin_code: tuple[str, str] = ("", "")  # (code, target) of a kernel twin's adapter
+    branches: tuple = ()  # mode dispatch: (mode, cpu Item, args, template args, via) per op
 
 
 class RepoRefs:
@@ -324,6 +326,7 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
                 found = attempt("sibling", cpu, path, refs.params_of(name))
                 if found:
                     return found
+    directs: list[tuple[Located, dict[str, str]]] = []
     for path in paths:  # 2. an op function (the exposed one too) calling a CPU function itself
         caller = path[-1]
         on_path = {p.names[0] for p in path}
@@ -342,7 +345,10 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
                         rf"\b{re.escape(ref)}\s*<([^<>();]*)>\s*\(", refs.body(caller)
                     )
                     found.template_args = explicit.group(1).strip() if explicit else ""
-                    return found
+                    directs.append((found, mode_of(refs.steps(path))))
+                    break
+    if directs:  # each op's own CPU function, where wrappers fix the label's modes apart
+        return _dispatched(directs, refs)
     for path in paths:  # 3. a twin with the same parameters
         name = path[-1].names[0]
         for a, b in TWINS:
@@ -491,6 +497,24 @@ def _label_aliases(label_text: str, code: str) -> str:
     return "".join(f"using {k} = {v};\n" for k, v in aliases(label_text).items() if k in used)
 
 
+def _dispatched(directs: list[tuple[Located, dict[str, str]]], refs: RepoRefs) -> Located:
+    """The first op's CPU function, or one per op (testgen/mode_dispatch.py) where the ops'
+    wrappers call the label's function with constants that tell them apart."""
+    first = directs[0][0]
+    by_cpu: dict[str, tuple[Located, dict[str, str]]] = {}
+    for loc, mode in directs:
+        by_cpu.setdefault(loc.cpu.names[0], (loc, mode))
+    kept = list(by_cpu.values())
+    if len(kept) < 2 or not distinct([mode for _, mode in kept]):
+        return first
+    first.mechanism = "mode dispatch"
+    first.branches = tuple(
+        (mode, loc.cpu, loc.args, loc.template_args, loc.via) for loc, mode in kept
+    )
+    first.closure = _closure_of(refs, list(by_cpu), first.cpu)
+    return first
+
+
 def _closure_of(refs: RepoRefs, names: list[str], op: Item) -> Closure:
     """The closure of the repository functions a lifted loop calls (not of the op around it,
     whose Metadata-like objects the loop never touches), as one unit; empty when it calls none."""
@@ -564,7 +588,19 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
         e.item.kind == "function" and e.item.names[:1] == loc.cpu.names[:1] for e in closure.entries
     )
     note = f"{cpu} takes {loc.via}'s arguments, read back from its calls down to"
-    if loc.mechanism in ("kernel twin", "call-site twin"):
+    if loc.branches:
+        ops = ", ".join(f"{qualified(item)} ({via})" for _, item, _, _, via in loc.branches)
+        code, target = dispatch_adapter(
+            loc.exposed,
+            [
+                (mode, f"{qualified(item)}<{targs}>" if targs else qualified(item), args)
+                for mode, item, args, targs, _ in loc.branches
+            ],
+            refs.index.enums,
+            f"each op's CPU function takes its op's arguments, read back from its calls down to "
+            f"{loc.exposed.name}, under the constants its wrapper passes: {ops}",
+        )
+    elif loc.mechanism in ("kernel twin", "call-site twin"):
         code, target = loc.twin_code
     elif loc.pointer_adapter:
         helper_name, helper = loc.group_helper

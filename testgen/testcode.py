@@ -61,9 +61,8 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     elif case.get("flag") is not None:
         what = f"{call} 0 ({base.origin}) with its boolean argument {case['flag']} flipped "
         what += f"(a mode the recorded calls never ask for), tensors {shapes}"
-    elif base.filled is not None:
-        what = f"{call} {base.rows_of} ({base.origin}) with argument {base.filled}'s absent "
-        what += f"entries (-1) filled with indices it holds elsewhere, tensors {shapes}"
+    elif base.filled:
+        what = f"{call} {base.rows_of} ({base.origin}) with {base.filled}, tensors {shapes}"
     elif base.selects:
         what = f"{call} {base.rows_of} ({base.origin}) with its {base.derived} (the recorded "
         what += f"calls launch another), tensors {shapes}"
@@ -76,6 +75,9 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
     elif base.rows_of is not None:
         what = f"the first {base.rows} rows of {call} {base.rows_of} ({base.origin}), "
         what += f"tensors {shapes}"
+    if case.get("nonzero"):
+        what += f", argument(s) {', '.join(map(str, case['nonzero']))} (zeros in every "
+        what += "recorded call) filled with random normal values"
     if case["dtype"]:
         what += f", floating tensors as {case['dtype']}"
     if case.get("tile"):
@@ -137,6 +139,7 @@ def render_test(
                     {k: c.get(k) for k in ("id", "base", "dtype", "edge", "tile", "flag", "made")}
                     | ({"was": c["was"]} if c.get("flag") is not None else {})
                     | ({"edge_arg": c["edge_arg"]} if c.get("edge_arg") is not None else {})
+                    | ({"nonzero": c["nonzero"]} if c.get("nonzero") else {})
                     for c in plan.cases
                 ],
                 width=92,

@@ -887,3 +887,82 @@ def test_a_name_two_modules_bind_is_read_as_the_one_on_the_candidates_chain(tmp_
     assert bound_function(refs, "agg_forward") == "Agg_Forward_CUDA"  # the GPU sources' own
     for fn in ("Agg_Forward_CPU", "Agg_Forward_CUDA"):
         assert bound_function(refs, "agg_forward", within=("PYBIND11_MODULE", fn)) == fn
+
+
+def _mode_repo(root):
+    """One CUDA entry point (`dist_cuda`) whose modes two ops' wrappers fix with constants,
+    each op with a CPU function of its own (pytorch3d's point-face and face-point distances)."""
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "dist.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "__global__ void dist_kernel(float *out, const float *a, const float *b, int n, int d) {\n"
+        "  int i = threadIdx.x;\n  if (i < n) out[i] = a[i] * d + b[i];\n}\n"
+        "torch::Tensor dist_cuda(torch::Tensor a, int a_dim, torch::Tensor b, int b_dim) {\n"
+        "  auto out = torch::zeros_like(a);\n"
+        "  dist_kernel<<<1, 256>>>(out.data_ptr<float>(), a.data_ptr<float>(),\n"
+        "                          b.data_ptr<float>(), a.numel(), a_dim * 10 + b_dim);\n"
+        "  return out;\n}\n"
+        "torch::Tensor pf_cuda(torch::Tensor p, torch::Tensor f) {\n"
+        "  return dist_cuda(p, 1, f, 3);\n}\n"
+        "torch::Tensor fp_cuda(torch::Tensor p, torch::Tensor f) {\n"
+        "  return dist_cuda(f, 3, p, 1);\n}\n"
+    )
+    (root / "src" / "dist_cpu.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "torch::Tensor pf_cpu(torch::Tensor p, torch::Tensor f) { return p * 13 + f; }\n"
+        "torch::Tensor fp_cpu(torch::Tensor p, torch::Tensor f) { return f * 31 + p; }\n"
+    )
+    (root / "src" / "bind.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "torch::Tensor pf_cuda(torch::Tensor p, torch::Tensor f);\n"
+        "torch::Tensor fp_cuda(torch::Tensor p, torch::Tensor f);\n"
+        "torch::Tensor pf_cpu(torch::Tensor p, torch::Tensor f);\n"
+        "torch::Tensor fp_cpu(torch::Tensor p, torch::Tensor f);\n"
+        "torch::Tensor pf(torch::Tensor p, torch::Tensor f) {\n"
+        "  if (p.is_cuda()) { return pf_cuda(p, f); }\n  return pf_cpu(p, f);\n}\n"
+        "torch::Tensor fp(torch::Tensor p, torch::Tensor f) {\n"
+        "  if (p.is_cuda()) { return fp_cuda(p, f); }\n  return fp_cpu(p, f);\n}\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+        '  m.def("pf", &pf);\n  m.def("fp", &fp);\n}\n'
+    )
+    kern = Kernel(name="dist_kernel", file="src/dist.cu", line=2, start_line=2, end_line=4,
+                  source="")  # fmt: skip
+    cand = Candidate(id="e" * 16, kernel=kern, provenance=Provenance(repo_url="x", commit="a" * 40))
+    cand.wrapper.launcher, cand.wrapper.functions = "dist_cuda", ["dist_cuda"]
+    return cand
+
+
+def test_ops_that_fix_a_shared_entry_points_modes_each_bring_their_cpu_function(tmp_path):
+    """Two ops reach `dist_cuda` through wrappers passing (1, 3) and (3, 1) for its dims: the
+    reference is both CPU functions, each under its wrapper's constants, its arguments read back
+    through that wrapper (the face-point op passes the faces first)."""
+    repo = tmp_path / "repo"
+    cand = _mode_repo(repo)
+    found = locate(cand, RepoRefs(discover(repo)))
+    assert found.mechanism == "mode dispatch", found
+    branches = {item.names[0]: (mode, args) for mode, item, args, _, _ in found.branches}
+    assert branches == {
+        "pf_cpu": ({"a_dim": "1", "b_dim": "3"}, ["a", "b"]),
+        "fp_cpu": ({"a_dim": "3", "b_dim": "1"}, ["b", "a"]),
+    }
+    from testgen.mode_dispatch import distinct
+
+    assert not distinct([{"a_dim": "1"}, {"a_dim": "1", "b_dim": "2"}])  # {a_dim: 1} holds both
+    assert distinct([{"x": "1.0"}, {"x": "2"}]) and not distinct([{"x": "1.0f"}, {"x": "1"}])
+
+
+@pytest.mark.slow
+def test_a_mode_dispatch_reference_runs_the_cpu_function_of_the_callers_mode(tmp_path):
+    import torch
+
+    repo = tmp_path / "repo"
+    cand = _mode_repo(repo)
+    work = tmp_path / "work"
+    ref = find_reference(cand, repo, work, RepoRefs(discover(repo)))
+    assert isinstance(ref, Reference) and ref.function == "pf_cpu", ref
+    mod = _built(tmp_path, "kminer_ref_modes", work / ref.path)
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])
+    torch.testing.assert_close(mod.reference(a, 1, b, 3), a * 13 + b)  # pf_cpu(p=a, f=b)
+    torch.testing.assert_close(mod.reference(a, 3, b, 1), a * 31 + b)  # fp_cpu(p=b, f=a)
+    with pytest.raises(RuntimeError, match="no CPU function of the repository"):
+        mod.reference(a, 2, b, 1)

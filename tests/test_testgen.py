@@ -196,6 +196,7 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
     assert ids == [
         "recorded_0",
         "flag7_flipped_of_0",  # `aligned`, a mode the recorded call never varies
+        "nonzero2_of_0",  # the output buffer, zeros as recorded: drawn at random in the test
         "edge_zeros",
         "edge_negative",
         "edge_large",
@@ -205,7 +206,7 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
         "typical_float64",
     ]
     assert p.shapes == 4 and len(p.cases) >= 5
-    assert p.cases[5]["tile"] == {"args": [0, 2], "times": 3}
+    assert p.cases[6]["tile"] == {"args": [0, 2], "times": 3}
 
 
 def test_an_index_tensors_absent_entries_are_filled_in_one_case_each():
@@ -237,6 +238,44 @@ def test_an_index_tensors_absent_entries_are_filled_in_one_case_each():
     assert not [
         c for c in plan(calls, ["float32"], whole=True).cases if c["id"].startswith("filled")
     ]
+
+
+def _plan_module():
+    """The test template's `_prepare` (how a case's arguments are made), run on its own."""
+    from types import SimpleNamespace
+
+    text = (ROOT / "prompts" / "test_code.py.j2").read_text()
+    start = text.index("\ndef _prepare(")
+    scope: dict = {"LARGE": 1000.0}
+    exec("import torch\n", scope)
+    exec(text[start : text.index("\ndef ", start + 1)], scope)
+    return SimpleNamespace(_prepare=scope["_prepare"])
+
+
+def test_a_floating_input_zero_in_every_recorded_call_is_filled_in_one_case():
+    """pytorch3d's face areas/normals backward: its test's loss uses the areas only, so the
+    normals' gradient is zeros in every recorded call and a wrong sign in the terms it scales
+    passed every case. One made case fills it with random values; the recorded calls keep
+    their zeros, and a position nonzero in some recorded call is left alone."""
+    grad_areas, verts = torch.rand(6), torch.rand(5, 3)
+    faces = torch.tensor([[0, 1, 2], [1, 2, 3], [2, 3, 4], [0, 2, 4], [0, 1, 3], [1, 3, 4]])
+    calls = [
+        BaseCall([grad_areas, torch.zeros(6, 3), verts, faces], "tests/test_normals.py"),
+        BaseCall([grad_areas[:4], torch.zeros(4, 3), verts, faces[:4]], "tests/test_normals.py"),
+    ]
+    p = plan(calls, ["float32"], ["grad_areas", "grad_normals", "verts", "faces"])
+    made = [c for c in p.cases if c["id"].startswith("nonzero")]
+    assert [(c["id"], c["base"], c["nonzero"], c["made"]) for c in made] == [
+        ("nonzero1_of_0", 0, [1], True)
+    ]
+    module = _plan_module()
+    args = module._prepare(p.base[0].args, made[0])
+    assert bool(args[1].abs().gt(0).all()) and args[1].dtype == torch.float32
+    assert torch.equal(args[0], grad_areas) and torch.equal(args[3], faces)
+    assert torch.equal(module._prepare(p.base[0].args, made[0])[1], args[1])  # a fixed draw
+    assert not bool(module._prepare(p.base[0].args, p.cases[0])[1].any())  # recorded: zeros
+    some = [calls[0], BaseCall([grad_areas, torch.ones(6, 3), verts, faces], "t.py")]
+    assert not [c for c in plan(some, ["float32"]).cases if c["id"].startswith("nonzero")]
 
 
 def test_a_flag_the_recorded_calls_never_vary_is_flipped_once():
