@@ -501,17 +501,18 @@ def _dispatched(directs: list[tuple[Located, dict[str, str]]], refs: RepoRefs) -
     """The first op's CPU function, or one per op (testgen/mode_dispatch.py) where the ops'
     wrappers call the label's function with constants that tell them apart."""
     first = directs[0][0]
-    by_cpu: dict[str, tuple[Located, dict[str, str]]] = {}
-    for loc, mode in directs:
-        by_cpu.setdefault(loc.cpu.names[0], (loc, mode))
-    kept = list(by_cpu.values())
+    by_call: dict[tuple, tuple[Located, dict[str, str]]] = {}  # one CPU function may serve
+    for loc, mode in directs:  # two ops with its arguments swapped
+        by_call.setdefault((loc.cpu.names[0], tuple(loc.args)), (loc, mode))
+    kept = list(by_call.values())
     if len(kept) < 2 or not distinct([mode for _, mode in kept]):
         return first
     first.mechanism = "mode dispatch"
     first.branches = tuple(
         (mode, loc.cpu, loc.args, loc.template_args, loc.via) for loc, mode in kept
     )
-    first.closure = _closure_of(refs, list(by_cpu), first.cpu)
+    names = list(dict.fromkeys(loc.cpu.names[0] for loc, _ in kept))
+    first.closure = _closure_of(refs, names, first.cpu)
     return first
 
 

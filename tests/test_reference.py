@@ -889,7 +889,7 @@ def test_a_name_two_modules_bind_is_read_as_the_one_on_the_candidates_chain(tmp_
         assert bound_function(refs, "agg_forward", within=("PYBIND11_MODULE", fn)) == fn
 
 
-def _mode_repo(root):
+def _mode_repo(root, one_cpu: bool = False):
     """One CUDA entry point (`dist_cuda`) whose modes two ops' wrappers fix with constants,
     each op with a CPU function of its own (pytorch3d's point-face and face-point distances)."""
     (root / "src").mkdir(parents=True)
@@ -921,8 +921,9 @@ def _mode_repo(root):
         "torch::Tensor pf(torch::Tensor p, torch::Tensor f) {\n"
         "  if (p.is_cuda()) { return pf_cuda(p, f); }\n  return pf_cpu(p, f);\n}\n"
         "torch::Tensor fp(torch::Tensor p, torch::Tensor f) {\n"
-        "  if (p.is_cuda()) { return fp_cuda(p, f); }\n  return fp_cpu(p, f);\n}\n"
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+        "  if (p.is_cuda()) { return fp_cuda(p, f); }\n"
+        + ("  return pf_cpu(p, f);\n}\n" if one_cpu else "  return fp_cpu(p, f);\n}\n")
+        + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
         '  m.def("pf", &pf);\n  m.def("fp", &fp);\n}\n'
     )
     kern = Kernel(name="dist_kernel", file="src/dist.cu", line=2, start_line=2, end_line=4,
@@ -947,6 +948,11 @@ def test_ops_that_fix_a_shared_entry_points_modes_each_bring_their_cpu_function(
     }
     from testgen.mode_dispatch import distinct
 
+    # one CPU function serving both ops, read back to other arguments for each: two branches
+    other = _mode_repo(tmp_path / "one", one_cpu=True)
+    found = locate(other, RepoRefs(discover(tmp_path / "one")))
+    calls = sorted((it.names[0], m["a_dim"], tuple(a)) for m, it, a, _, _ in found.branches)
+    assert calls == [("pf_cpu", "1", ("a", "b")), ("pf_cpu", "3", ("b", "a"))]
     assert not distinct([{"a_dim": "1"}, {"a_dim": "1", "b_dim": "2"}])  # {a_dim: 1} holds both
     assert distinct([{"x": "1.0"}, {"x": "2"}]) and not distinct([{"x": "1.0f"}, {"x": "1"}])
 
