@@ -1503,6 +1503,39 @@ def test_a_fault_when_a_differing_made_case_runs_again_is_named_too(refrepo, tmp
     assert list(module.REPORT.get("outside_crash") or {}) == ["binding_0_of_0"] and len(runs) == 2
 
 
+def test_a_recorded_case_only_fused_rounding_moves_is_left_out_of_later_runs(refrepo, tmp_path):
+    """pytorch3d's face normals: on a triangle with two corners at one vertex the CPU computes
+    `ay * az - az * ay` as exactly 0, the GPU's fused multiply-add leaves its rounding error,
+    and the clamp `max(norm, 1e-6)` magnifies it to 1e-2: a mismatch of the repository's own
+    kernel on its own calls. In the label's run, when the label built without fused
+    multiply-adds gives the reference's result there, the case is left out (as the runner
+    leaves out cases outside the contract); when it differs too, or in a variant's run, the
+    case stands as judged."""
+    from testgen.standalone.runner import outside_cases
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    x = torch.rand(8) + 0.5
+    reference = SimpleNamespace(reference=lambda v: v * 2)
+
+    def fused(v):  # off by 1e-2 where the cancellation was
+        return v * 2 + (v == v.max()).to(v.dtype) * 0.01
+
+    label = SimpleNamespace(**{module.FUNCTION: fused})
+    unfused = SimpleNamespace(**{module.FUNCTION: lambda v: v * 2})
+    case = _case("recorded_0", made=False)
+    module.CALIBRATE = True
+    module._UNFUSED[:] = [unfused]
+    left = module._run_case(case, [[x]], label, reference)
+    assert left["ok"] is None and left["note"].startswith("invalid: rounding:"), left
+    assert list(outside_cases([left])) == ["recorded_0"]
+    module._UNFUSED[:] = [label]  # built without them it differs as much: the kernel's own
+    assert module._run_case(case, [[x]], label, reference)["ok"] is False
+    module._UNFUSED[:] = [unfused]
+    module.CALIBRATE = False  # a wrong variant's run asks nothing of it
+    assert module._run_case(case, [[x]], label, reference)["ok"] is False
+
+
 def test_an_integer_output_may_take_only_the_references_own_picks(refrepo, tmp_path):
     """Where a few-ulp move of the inputs flips the reference's integer result (a value at a
     threshold), the label may take either pick there, never another value: a kernel that
