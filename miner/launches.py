@@ -182,22 +182,42 @@ def _through_macro(model: FileModel, pos: int, targs: str) -> str:
     """Template arguments written inside a launch macro, with the macro's parameters replaced
     by the arguments of its first invocation in the same file (mmcv filtered_lrelu's CASE)
     while this definition holds: a name defined again, or undefined, is another macro from
-    there (SparseConvNet's `FOO` before each function that expands it)."""
+    there (SparseConvNet's `FOO` before each function that expands it). A one-parameter macro
+    that is only handed to another (`MAP(CASE_LOG_N, 1, 2, ..., 10)`, state-spaces/s4: a
+    variadic map applies it to each value) takes the first value after its name."""
     code = model.code
     for m in DEFINE_LINE.finditer(code):
         if not (m.start() <= pos < m.end()) or m.group("params") is None:
             continue
         params = [p.strip() for p in m.group("params")[1:-1].split(",")]
-        call = re.compile(rf"\b{re.escape(m.group('name'))}\s*\(")
-        for inv in call.finditer(code, m.end(), define_scope_end(code, m)):
-            if any(d.start() <= inv.start() < d.end() for d in DEFINE_LINE.finditer(code)):
+        name, end = m.group("name"), define_scope_end(code, m)
+        call = re.compile(rf"\b{re.escape(name)}\s*\(")
+        for inv in call.finditer(code, m.end(), end):
+            if _in_define(code, inv.start()):
                 continue
-            depth, j = 0, inv.end() - 1
-            for j in range(inv.end() - 1, min(len(code), inv.end() + 4000)):
-                depth += (code[j] == "(") - (code[j] == ")")
-                if depth == 0:
-                    break
-            args = split_args(code[inv.end() : j])
+            args = split_args(code[inv.end() : _closing(code, inv.end() - 1)])
             return " ".join(_substitute(targs, dict(zip(params, args, strict=False))).split())
+        handed = re.compile(rf"\b\w+\s*\(\s*{re.escape(name)}\s*,")
+        for inv in handed.finditer(code, m.end(), end):
+            if len(params) != 1 or _in_define(code, inv.start()):
+                continue
+            opened = code.index("(", inv.start())
+            args = split_args(code[opened + 1 : _closing(code, opened)])
+            if len(args) > 1:
+                return " ".join(_substitute(targs, {params[0]: args[1]}).split())
         break
     return targs
+
+
+def _in_define(code: str, pos: int) -> bool:
+    return any(d.start() <= pos < d.end() for d in DEFINE_LINE.finditer(code))
+
+
+def _closing(code: str, opened: int) -> int:
+    """The position of the `)` that closes the `(` at `opened` (within 4000 characters)."""
+    depth, j = 0, opened
+    for j in range(opened, min(len(code), opened + 4000)):
+        depth += (code[j] == "(") - (code[j] == ")")
+        if depth == 0:
+            break
+    return j

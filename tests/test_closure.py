@@ -261,6 +261,31 @@ def test_template_values_written_in_a_launch_macro_and_integer_aliases(tmp_path)
         assert result.status.value == "ok", result.detail
 
 
+def test_a_launch_macro_handed_to_a_variadic_map_takes_the_maps_first_value(tmp_path):
+    """state-spaces/s4 launches `k<log_N_val>` inside `#define CASE_LOG_N(log_N_val)`, never
+    invoked itself but handed to `MAP(CASE_LOG_N, 1, 2, 3)`: the unit takes 1. With the
+    fallback 32, `ITEMS[log_N - 1]` read past the table and the unit did not compile."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "vand.cu").write_text(
+        "static constexpr int ITEMS[] = {2, 4, 8};\n"
+        "template <int log_N, int items = ITEMS[log_N - 1]>\n"
+        "__global__ void vand_kernel(float *x) { x[threadIdx.x] *= items * log_N; }\n"
+        "#define MAP(m, a, b, c) m(a) m(b) m(c)\n"
+        "void vand(float *x, int log_N) {\n  switch (log_N) {\n"
+        "    #define CASE_LOG_N(log_N_val) case log_N_val: \\\n"
+        "      vand_kernel<log_N_val><<<1, 32>>>(x); break;\n"
+        "    MAP(CASE_LOG_N, 1, 2, 3)\n  }\n  #undef CASE_LOG_N\n}\n"
+    )
+    disc = discover(tmp_path)
+    unit = Extractor(disc).extract(kernel(disc, "vand_kernel"), "t").unit
+    assert "constexpr auto log_N = 1;" in unit.text
+    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+    assert result.status.value == "ok", result.detail
+
+
 def test_a_variable_whose_type_ends_in_three_closing_brackets_is_a_variable(tmp_path):
     """`std::vector<std::vector<std::vector<Int>>> offsets = {...};` (SparseConvNet): the CUDA
     grammar reads `>>>` as a launch's end and gives an expression; the text says a variable,
