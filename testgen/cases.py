@@ -474,7 +474,10 @@ def plan(
     """Every base call as recorded, fewer rows of them where that gives new shapes, and a
     larger random one drawn from the rows of the largest (testgen.resize); then, on the first
     base call (the typical case), edge values (large values also on the first call of each other
-    mode), wider channels (new shapes, sizes off any block multiple) and each other dtype.
+    mode), wider channels (new shapes, sizes off any block multiple) and each other dtype. The
+    first and the largest base call come again with what no recorded call holds: an index
+    tensor's absent entries filled, the inputs that are zeros in every call drawn at random
+    (testgen/sentinels.py).
 
     `whole`: the calls are valid only as they are (probed ones: the CPU implementation ran each
     exactly so, and a cut of rows leaves indices into rows that are gone, which crashed
