@@ -229,6 +229,20 @@ def core_type(type_text: str) -> str:
     return " ".join(text.replace("*", " * ").split()).replace("< ", "<").replace(" >", ">")
 
 
+def declared(exposed: Signature, enums: frozenset[str]) -> tuple[list[str], dict[str, str]]:
+    """The exposed function's parameters as an adapter declares them, and the casts its calls
+    make: an enum parameter is taken as an integer, as the label's binding takes it."""
+    decl, cast = [], {}
+    for t, n in exposed.params:
+        c = core_type(t)
+        if c in enums:
+            decl.append(f"int64_t {n}")
+            cast[n] = f"static_cast<{c}>({n})"
+        else:
+            decl.append(f"{t} {n}")
+    return decl, cast
+
+
 def adapter(
     exposed: Signature,
     cpu: str,
@@ -250,13 +264,7 @@ def adapter(
         and not enums.intersection(core)
     ):
         return "", f"&{cpu}"
-    decl, cast = [], {}
-    for (t, n), c in zip(exposed.params, core, strict=True):
-        if c in enums:
-            decl.append(f"int64_t {n}")
-            cast[n] = f"static_cast<{c}>({n})"
-        else:
-            decl.append(f"{t} {n}")
+    decl, cast = declared(exposed, enums)
     call = f"{cpu}({', '.join(substitute(a, cast) for a in args)})"
     code = (
         f"// kminer: {note}\nnamespace kminer_ref {{\nusing at::Tensor;\n"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from testgen.argmap import Step, core_type, substitute
+from testgen.argmap import Step, declared, substitute
 
 _LITERAL = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[fFlLuU]*|true|false)$")
 
@@ -63,14 +63,7 @@ def dispatch_adapter(
     """(C++ code, what `m.def("reference", ...)` binds): `kminer_ref::reference(<the label
     function's parameters>)` running the CPU function of the branch whose constants the
     arguments hold. `branches`: (mode, the CPU function as called, its arguments)."""
-    decl, cast = [], {}
-    for t, n in exposed.params:
-        c = core_type(t)
-        if c in enums:  # taken as an integer, as the label's binding takes it
-            decl.append(f"int64_t {n}")
-            cast[n] = f"static_cast<{c}>({n})"
-        else:
-            decl.append(f"{t} {n}")
+    decl, cast = declared(exposed, enums)
     lines = []
     for mode, cpu, args in branches:
         test = " && ".join(f"{k} == {v}" for k, v in sorted(mode.items()))
