@@ -27,6 +27,10 @@ _ADDRESS = re.compile(
     r"(?:[A-Za-z_]\w*\s*::\s*)*$"
 )
 _DIRECTIVE_LINE = re.compile(r"^[ \t]*#[ \t]*define\b")
+# a type alias written inside the launching function: `using scalar_t = c10::complex<float>;`,
+# `typedef float scalar_t;`
+_LOCAL_USING = re.compile(r"\busing\s+([A-Za-z_]\w*)\s*=\s*([^;{}]+);")
+_LOCAL_TYPEDEF = re.compile(r"\btypedef\s+([^;{}]+?)\s+([A-Za-z_]\w*)\s*;")
 
 
 def include_graph(models: dict[str, FileModel], resolver: IncludeResolver) -> dict[str, set[str]]:
@@ -153,9 +157,12 @@ def find_launch_sites(disc: Discovery) -> dict[int, list[LaunchSite]]:
                 continue
             kind, targs, config = _classify(code, pos, m.end())
             i = bisect.bisect_right(starts, pos) - 1
-            caller = functions[i][2] if i >= 0 and functions[i][1] > pos else ""
+            inside = i >= 0 and functions[i][1] > pos
+            caller = functions[i][2] if inside else ""
             if targs:  # a launch written inside a macro takes the macro's arguments
                 targs = _through_macro(model, pos, targs)
+            if targs and inside:
+                targs = _substitute(targs, _local_aliases(code[functions[i][0] : pos]))
             site = LaunchSite(
                 file=rel,
                 line=model.lines.line(pos),
@@ -176,6 +183,16 @@ def find_launch_sites(disc: Discovery) -> dict[int, list[LaunchSite]]:
 
 def _substitute(text: str, mapping: dict[str, str]) -> str:
     return re.sub(r"[A-Za-z_]\w*", lambda w: mapping.get(w.group(0), w.group(0)), text)
+
+
+def _local_aliases(body: str) -> dict[str, str]:
+    """Type aliases the launching function declares before the launch, so that a site's
+    `scalar_t` reads as the one type it names there (state-spaces/s4 pins its kernels to
+    `using scalar_t = c10::complex<float>;`; a unit instantiating float fails)."""
+    found = {m.group(1): " ".join(m.group(2).split()) for m in _LOCAL_USING.finditer(body)}
+    for m in _LOCAL_TYPEDEF.finditer(body):
+        found[m.group(2)] = " ".join(m.group(1).split())
+    return {k: v for k, v in found.items() if k not in _WORD.findall(v)}
 
 
 def _through_macro(model: FileModel, pos: int, targs: str) -> str:

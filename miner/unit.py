@@ -358,6 +358,20 @@ def _enum_first(type_text: str, closure: Closure) -> str | None:
     return None
 
 
+# namespaces whose types a unit can name wherever it includes torch or the CUDA runtime
+_LIBRARY_NAMESPACES = frozenset({"c10", "at", "std", "cuda", "thrust", "cub", "torch"})
+
+
+def _concrete_type(arg: str, known: set[str]) -> bool:
+    """A type written at a launch that names one type anywhere (`c10::complex<float>`, a struct
+    of the closure), not a dtype placeholder of the launcher (`scalar_t`, `acc_type<scalar_t>`)."""
+    if arg in _BUILTIN_TYPES or not re.search(r"::|<", arg):
+        return False
+    words = re.findall(r"[A-Za-z_]\w*(?=\s*::)|(?<!::)(?<![\w])[A-Za-z_]\w*", arg)
+    allowed = _LIBRARY_NAMESPACES | _BUILTIN_TYPES | known | {"const", "true", "false"}
+    return all(w in allowed for w in words)
+
+
 def template_arguments(
     kdef: KernelDef, closure: Closure, site_args: list[list[str]], dtype: str, body: str = ""
 ) -> list[tuple[str, str, str]] | None:
@@ -379,7 +393,10 @@ def template_arguments(
                 # whose members the kernel calls), not an element type: no dtype stands in
             literal = next((a for a in at_sites if a in _BUILTIN_TYPES), None)
             default = (tp["default"] or "").split()
-            if _INDEX_NAME.search(name):
+            pinned = bool(at_sites) and all(_concrete_type(a, known) for a in at_sites)
+            if pinned and len(set(at_sites)) == 1:  # every launch names the one type it runs
+                value, dtype_given = at_sites[0], True
+            elif _INDEX_NAME.search(name):
                 value = literal or "int"
             elif default and set(default) <= _BUILTIN_TYPES - {"float", "double", "bool"}:
                 value = literal or " ".join(default)  # `key_type = int64_t`: keys, no dtype
@@ -419,11 +436,16 @@ def launch_stub(
         params.append((ptext if pname else f"{ptext} kminer_p{i}", pname or f"kminer_p{i}"))
     ns = tuple(n for n in kdef.namespace if not n.startswith("extern"))
     lines += _ns_open(ns)
+    chosen = {}
     for dtype in dtypes:
-        spelled = _dtype_spelling(dtype, closure)
-        args = template_arguments(kdef, closure, site_args, spelled, body)
-        if args is None:
-            continue
+        args = template_arguments(kdef, closure, site_args, _dtype_spelling(dtype, closure), body)
+        if args is not None:
+            chosen.setdefault(tuple(args), []).append(dtype)
+    for args, alike in chosen.items():
+        # a launch that pins its type gives every dtype one instantiation: named by the dtype
+        # its type is made of (`c10::complex<double>`: double), else the first
+        values = " ".join(v for _, _, v in args)
+        dtype = next((d for d in alike if re.search(rf"\b{d}\b", values, re.I)), alike[0])
         made.append(dtype)
         aliases = []
         for kind, name, value in args:

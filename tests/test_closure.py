@@ -286,6 +286,40 @@ def test_a_launch_macro_handed_to_a_variadic_map_takes_the_maps_first_value(tmp_
     assert result.status.value == "ok", result.detail
 
 
+def test_a_launchers_local_type_alias_pins_the_units_type(tmp_path):
+    """state-spaces/s4's launcher says `using scalar_t = c10::complex<float>;` and launches
+    `k<scalar_t, log_N>`: the unit instantiates the complex type once, never float, whose
+    `result += v_t * w_t` has no operator for a complex operand. An alias of the launcher's
+    own template parameter (`acc_t = acc_type<scalar_t>`) stays a dtype placeholder."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "cauchy.cu").write_text(
+        "#include <complex>\n"
+        "template <typename scalar_t, int log_N>\n"
+        "__global__ void cauchy_kernel(const std::complex<float> *v, scalar_t *out) {\n"
+        "  scalar_t r = 0;\n  r += v[threadIdx.x] * std::complex<float>(log_N, 0);\n"
+        "  out[threadIdx.x] = r;\n}\n"
+        "template <typename T, typename A> __global__ void acc_kernel(T *x, A a) { x[0] *= a; }\n"
+        "template <typename T> struct acc { typedef double type; };\n"
+        "void cauchy(const std::complex<float> *v, void *out, float *y) {\n"
+        "  using scalar_t = std::complex<float>;\n"
+        "  cauchy_kernel<scalar_t, 2><<<1, 32>>>(v, (scalar_t *)out);\n"
+        "  typedef typename acc<float>::type acc_t;\n"
+        "  acc_kernel<float, acc_t><<<1, 1>>>(y, acc_t(2));\n}\n"
+    )
+    disc = discover(tmp_path)
+    ex = Extractor(disc)
+    unit = ex.extract(kernel(disc, "cauchy_kernel"), "t").unit
+    assert "using scalar_t = std::complex<float>;" in unit.text
+    assert unit.instantiations == ["float"]
+    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+    assert result.status.value == "ok", result.detail
+    acc = ex.extract(kernel(disc, "acc_kernel"), "t").unit
+    assert len(acc.instantiations) == 3  # `typename acc<float>::type` names no type here
+
+
 def test_a_variable_whose_type_ends_in_three_closing_brackets_is_a_variable(tmp_path):
     """`std::vector<std::vector<std::vector<Int>>> offsets = {...};` (SparseConvNet): the CUDA
     grammar reads `>>>` as a launch's end and gives an expression; the text says a variable,
