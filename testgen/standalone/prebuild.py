@@ -39,6 +39,10 @@ MAX_PER_BATCH = 12
 # that batching saves nothing: the header parse a batch shares is a small part of its time, and
 # a batch of several such sources outlasts the time a GPU box is lent for
 HEAVY_BUILD_S = 60.0
+# a heavy label this slow builds only the first variant of each kind up front: every variant of
+# mamba's 960-instantiation selective_scan_bwd (365 s where mined) side by side shared 16 cores
+# two threads each and none was done in two 560 s device calls; four builds get four each
+ALL_VARIANTS_UNDER_S = 240.0
 _LIVE: set[int] = set()  # supervisors of the batch builds under way (stop() ends them)
 _STOPPED = False
 _BUILD = """

@@ -407,12 +407,14 @@ class Runner:
             variants = e.get("variants") or []
             # alternates (a kind's later variants) build alone in the test when needed; a heavy
             # label's are built here, side by side: one after another, each for minutes, they
-            # outlast the time a box is lent for
-            if float(e.get("build_s") or 0.0) >= prebuild.HEAVY_BUILD_S:
+            # outlast the time a box is lent for (but not a label so heavy that all of them
+            # side by side would: prebuild.ALL_VARIANTS_UNDER_S)
+            build_s = float(e.get("build_s") or 0.0)
+            chosen = [group[0]["path"] for _, group in _by_kind(variants)]
+            if prebuild.HEAVY_BUILD_S <= build_s < prebuild.ALL_VARIANTS_UNDER_S:
                 chosen = [v["path"] for v in variants]
+            if build_s >= prebuild.HEAVY_BUILD_S:
                 heavy.update(self.bundle / p for p in (e["label"], *chosen))
-            else:
-                chosen = [group[0]["path"] for _, group in _by_kind(variants)]
             paths += [e["label"], e["reference"], *chosen]
         files = [self.bundle / p for p in paths if (self.bundle / p).is_file()]
         if not files:
