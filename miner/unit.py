@@ -430,8 +430,14 @@ def launch_stub(
     lines = ["", f"// kminer: launch {kdef.name} for concrete types"]
     made: list[str] = []
     params = []
+    # a parameter pack is instantiated empty (template_arguments stops at it), so the function
+    # parameters it types (`Args... args`) are not passed
+    packs = [tp["name"] for tp in kdef.template_params if tp["kind"] == "pack" and tp["name"]]
+    expands = (
+        re.compile(rf"\b(?:{'|'.join(map(re.escape, packs))})\b[^,]*\.\.\.") if packs else None
+    )
     for i, (_ptype, pname, ptext) in enumerate(kdef.params):
-        if ptext in ("void", "..."):
+        if ptext in ("void", "...") or (expands and expands.search(ptext)):
             continue
         params.append((ptext if pname else f"{ptext} kminer_p{i}", pname or f"kminer_p{i}"))
     ns = tuple(n for n in kdef.namespace if not n.startswith("extern"))

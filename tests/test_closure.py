@@ -320,6 +320,29 @@ def test_a_launchers_local_type_alias_pins_the_units_type(tmp_path):
     assert len(acc.instantiations) == 3  # `typename acc<float>::type` names no type here
 
 
+def test_a_kernel_with_a_parameter_pack_is_instantiated_with_the_pack_empty(tmp_path):
+    """`template <typename T, typename... Args> __global__ void k(T *out, Args... args)`, stamped
+    by a macro that takes the kernel's name: the launch stub passes no `Args... args` (a name the
+    stub does not declare, so the unit did not compile) and instantiates the pack empty."""
+    from miner.compile import compile_unit
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "pack.cu").write_text(
+        "#define KERNEL_WITH_PACK(name) \\\n"
+        "  template <typename T, typename... Args> \\\n"
+        "  __global__ void name(T *out, int n, Args... args) { out[n] = out[sizeof...(Args)]; }\n"
+        "KERNEL_WITH_PACK(count_kernel)\n"
+        "void count(float *o) { count_kernel<<<1, 1>>>(o, 3, 1, 2.0f); }\n"
+    )
+    disc = discover(tmp_path)
+    unit = Extractor(disc).extract(kernel(disc, "count_kernel"), "t").unit
+    assert "void launch(T *out, int n) { count_kernel<T><<<1, 1>>>(out, n); }" in unit.text
+    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+    assert result.status.value == "ok", result.detail
+    assert result.detail == "" and unit.instantiations == ["float", "double", "half"]
+
+
 def test_a_variable_whose_type_ends_in_three_closing_brackets_is_a_variable(tmp_path):
     """`std::vector<std::vector<std::vector<Int>>> offsets = {...};` (SparseConvNet): the CUDA
     grammar reads `>>>` as a launch's end and gives an expression; the text says a variable,
