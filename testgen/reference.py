@@ -329,6 +329,8 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     directs: list[tuple[Located, dict[str, str]]] = []
     for path in paths:  # 2. an op function (the exposed one too) calling a CPU function itself
         caller = path[-1]
+        if _REGISTRATION.match(caller.names[0]):
+            continue  # a module's bindings name every op's functions, calling none of them
         on_path = {p.names[0] for p in path}
         callee = path[-2].names[0] if len(path) > 1 else ""
         other_branch = _other_device_branch(refs.body(caller), callee, refs.defs)
@@ -433,6 +435,7 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
     return f"no CPU function: no CPU registration, direct call or CPU twin around {exposed}"
 
 
+_REGISTRATION = re.compile(r"^(?:PYBIND11_MODULE|TORCH_LIBRARY\w*|TORCH_EXTENSION_NAME)$")
 _RAISES = re.compile(
     r"^(?:AT_ERROR|TORCH_CHECK_NOT_IMPLEMENTED|throw\b|std::abort|abort|exit"
     r"|(?:TORCH_CHECK|AT_ASSERTM?|TORCH_INTERNAL_ASSERT|AT_CHECK|assert)\s*\(\s*(?:false|0)\b)"

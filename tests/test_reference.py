@@ -972,3 +972,42 @@ def test_a_mode_dispatch_reference_runs_the_cpu_function_of_the_callers_mode(tmp
     torch.testing.assert_close(mod.reference(a, 3, b, 1), a * 31 + b)  # fp_cpu(p=b, f=a)
     with pytest.raises(RuntimeError, match="no CPU function of the repository"):
         mod.reference(a, 2, b, 1)
+
+
+def test_a_modules_bindings_are_no_op_function_that_calls_the_cpu_side(tmp_path):
+    """torchsparse binds `conv_forward_gather_scatter_cuda` and `..._cpu` in one
+    PYBIND11_MODULE: the module names both functions and calls neither, so it is no op function
+    whose CPU call maps the label's arguments. The reason given is the twin's own: it takes
+    other arguments (an output buffer the CUDA side returns instead)."""
+    from miner.extract import Extractor
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "conv_cuda.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "__global__ void conv_kernel(const float *x, float *y, int n) {\n"
+        "  int i = threadIdx.x;\n  if (i < n) y[i] = 2 * x[i];\n}\n"
+        "at::Tensor conv_cuda(at::Tensor x, int mode) {\n  auto y = torch::zeros_like(x);\n"
+        "  conv_kernel<<<1, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());\n"
+        "  return y;\n}\n"
+    )
+    (repo / "conv_cpu.cpp").write_text(
+        "#include <torch/extension.h>\n"
+        "void conv_cpu(at::Tensor x, at::Tensor y, int mode) { y.copy_(x * 2); }\n"
+    )
+    (repo / "bind.cpp").write_text(
+        "#include <torch/extension.h>\nat::Tensor conv_cuda(at::Tensor x, int mode);\n"
+        "void conv_cpu(at::Tensor x, at::Tensor y, int mode);\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+        '  m.def("conv_cuda", &conv_cuda);\n  m.def("conv_cpu", &conv_cpu);\n}\n'
+    )
+    disc = discover(repo)
+    index = LauncherIndex(disc)
+    fk = kernel(disc, "conv_kernel")
+    mined = mine_wrapper(fk, Extractor(disc), index)
+    cand = to_candidate(fk, disc, Provenance(repo_url="https://x/conv", commit="a" * 40))
+    cand.wrapper.strategy, cand.wrapper.launcher = "mined", mined.chain[0]
+    cand.wrapper.chain = mined.chain
+    cand.wrapper.functions = [f.name for f in mined.functions()]
+    cand.wrapper.op_map = op_map(disc, mined.chain, index.callers)
+    assert locate(cand, RepoRefs(disc, index)) == "twin conv_cpu takes 3 arguments, conv_cuda 2"
