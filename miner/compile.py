@@ -97,7 +97,8 @@ def failing_dtypes(log: str, text: str) -> set[str]:
     spans = instantiation_lines(text)
     named = set(re.findall(r"kminer_inst_(\w+)", log)) | _ptxas_dtypes(log)
     lines = {int(n) for n in re.findall(r"\((\d+)\): (?:catastrophic )?error", log)}
-    lines |= {int(n) for n in re.findall(r"at line (\d+)", log)}
+    # "at line N" of the unit, never "(declared at line N of /usr/include/c++/12/cmath)"
+    lines |= {int(n) for n in re.findall(r"at line (\d+)(?! of )", log)}
     for dtype, (a, b) in spans.items():
         if any(a <= n <= b for n in lines):
             named.add(dtype)

@@ -127,10 +127,26 @@ KERNEL_LOOP_COMPAT = """\
 #endif"""
 _KERNEL_LOOP_USE = re.compile(r"\bCUDA_KERNEL_LOOP(?:_TYPE)?\s*\(")
 _KERNEL_LOOP_DEF = re.compile(r"#\s*define\s+CUDA_KERNEL_LOOP\b")
+# at::cuda::ATenCeilDiv comes with <ATen/cuda/CUDAApplyUtils.cuh>, a heavy header a unit leaves
+# out (LIGHT_FOR_HEAVY); detectron2's nms_rotated kernel calls it in device code
+ATEN_CEIL_DIV_COMPAT = """\
+// kminer: at::cuda::ATenCeilDiv as <ATen/cuda/ApplyGridUtils.cuh> defines it (without the CUDA
+// context that header includes)
+#ifndef KMINER_ATEN_CEIL_DIV
+#define KMINER_ATEN_CEIL_DIV 1
+namespace at { namespace cuda {
+template <typename T>
+__host__ __device__ __forceinline__ T ATenCeilDiv(T a, T b) { return (a + b - 1) / b; }
+} }
+#endif"""
+_ATEN_CEIL_DIV_USE = re.compile(r"\bATenCeilDiv\s*[(<]")
+_ATEN_CEIL_DIV_DEF = re.compile(r"\bT\s+ATenCeilDiv\s*\([^()]*\)\s*\{")
 # (a use, the repository's own definition, the block defining it again) of names torch removed
+# or keeps only in headers a unit leaves out
 _REMOVED_NAMES = (
     (_THC_DEVICE_USE, _THC_DEVICE_DEF, THC_DEVICE_COMPAT),
     (_KERNEL_LOOP_USE, _KERNEL_LOOP_DEF, KERNEL_LOOP_COMPAT),
+    (_ATEN_CEIL_DIV_USE, _ATEN_CEIL_DIV_DEF, ATEN_CEIL_DIV_COMPAT),
 )
 
 # standard names a repository's code often gets through torch's headers (a full ATen include

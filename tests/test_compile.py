@@ -110,6 +110,15 @@ def test_error_parsing_helpers():
         "ptxas error   : Entry function '_Z1kIN3c104HalfEEvPT_' uses too much shared data\n"
     )
     assert failing_dtypes(ptxas, tiles) == {"double", "half"}
+    # a candidate the compiler lists "at line N of" a system header is no line of the unit
+    # (detectron2: std::cos declared at line 188 of <cmath> fell in float's stub)
+    system = (
+        'unit.cu(116): error: more than one instance of overloaded function "cos"\n'
+        '  function "std::cos(float)" (declared at line 11 of /usr/include/c++/12/cmath)\n'
+        '  detected during instantiation of "void k<T>(T *) [with T=kminer_inst_half::T]" '
+        "at line 61\n"
+    )
+    assert failing_dtypes(system, tiles) == {"half"}
 
 
 @pytest.mark.slow
@@ -256,3 +265,21 @@ def test_nvcc_failing_without_a_message_is_run_once_more(tmp_path, monkeypatch):
     (fake / "nvcc").write_text("#!/bin/sh\nexit 3\n")
     code, log, _ = toolchain.compile_source("int x;\n", "unit.cu", [], 60)
     assert (code, log) == (3, "nvcc exited 3 without a message, twice")
+
+
+def test_aten_ceil_div_from_a_heavy_header_is_defined_again_in_the_unit(tmp_path):
+    """detectron2's nms_rotated kernel calls `at::cuda::ATenCeilDiv`, which comes with
+    <ATen/cuda/CUDAApplyUtils.cuh>: a heavy header the unit leaves out, so the unit defines it."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "nms.cu").write_text(
+        "#include <ATen/cuda/CUDAApplyUtils.cuh>\n"
+        "template <typename T> __global__ void nms_kernel(const T *boxes, unsigned long long *m,"
+        " int n) {\n  const int blocks = at::cuda::ATenCeilDiv(n, 64);\n"
+        "  m[threadIdx.x * blocks] = boxes[threadIdx.x] > T(0);\n}\n"
+    )
+    disc = discover(tmp_path)
+    res, result = _compile(disc, Extractor(disc), "nms_kernel")
+    assert "T ATenCeilDiv(T a, T b)" in res.unit.text
+    assert result.status == Status.OK, result.log
