@@ -6,7 +6,10 @@ neighbours in heap order and whose CUDA kernels keep them in insertion order; `k
 sorts them (`p1_dists.sort(dim=2)`) before anyone sees them. Compared element by element the
 two builds differ on every case where the orders do, for a correct kernel. Only what the
 repository itself shows counts: a function that assigns the binding's result and then sorts
-one of those names (`x.sort(`, `torch.sort(x`, `x.argsort(`), outside its tests.
+one of those names (`x.sort(`, `torch.sort(x`, `x.argsort(`), outside its tests; or a test
+that compares what a function returning the binding's result gives only as a set (pytorch_cluster's
+`to_set(radius(x, y, 2))`: its CPU build lists each query's neighbours nearest first, its CUDA
+kernel in index order).
 """
 
 from __future__ import annotations
@@ -47,7 +50,71 @@ def _index(repo: str) -> dict[str, str]:
                         f"the repository's `{fn.name}` ({rel}:{line}) sorts what `{binding}` "
                         "returns",
                     )
+    found.update({b: why for b, why in _tested_as_sets(root).items() if b not in found})
     return found
+
+
+def _tested_as_sets(root: Path) -> dict[str, str]:
+    """binding -> the reason, for every binding whose result a function returns as it is
+    (`return torch.ops.ns.radius(...)`) and a test of the repository compares as a set."""
+    returns: dict[str, set[str]] = {}  # function -> the callees whose results it returns
+    tests = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        parts = Path(rel).parts
+        tree = None if any(p.startswith(".") for p in parts) else pysources.tree(path)
+        if tree is None:
+            continue
+        if any(p.startswith("test") for p in parts):
+            tests.append((rel, tree))
+            continue
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
+                        callee = _callee(node.value.func)
+                        if callee:  # (the binding may share the function's name)
+                            returns.setdefault(fn.name, set()).add(callee)
+    found: dict[str, str] = {}
+    for rel, tree in tests:
+        as_set = {"set", "frozenset"} | {
+            fn.name
+            for fn in tree.body
+            if isinstance(fn, ast.FunctionDef)
+            and any(isinstance(n, ast.Call) and _callee(n.func) == "set" for n in ast.walk(fn))
+        }
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for callee, line in _set_compared(fn, as_set):
+                for binding in sorted(returns.get(callee, ())):
+                    found.setdefault(
+                        binding,
+                        f"the repository's test `{fn.name}` ({rel}:{line}) compares what "
+                        f"`{callee}` returns as a set",
+                    )
+    return found
+
+
+def _set_compared(fn: ast.AST, as_set: set[str]) -> list[tuple[str, int]]:
+    """(callee, line) for each call whose assigned result the test passes to `set(...)` or to
+    one of its helpers that makes a set (`to_set(edge_index)`)."""
+    assigned: dict[str, list[tuple[int, str]]] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for target in node.targets:
+                for name in _names(target):
+                    assigned.setdefault(name, []).append((node.lineno, _callee(node.value.func)))
+    out = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and _callee(node.func) in as_set and node.args:
+            used = {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
+            for name in used:
+                before = [a for a in assigned.get(name, []) if a[0] <= node.lineno]
+                if before:
+                    line, callee = max(before)
+                    out.append((callee, line))
+    return out
 
 
 def _sorted_results(fn: ast.AST) -> list[tuple[str, int]]:

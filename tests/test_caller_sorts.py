@@ -34,3 +34,38 @@ def test_a_result_sorted_by_its_caller_is_found_and_nothing_else(tmp_path):
     assert caller_sorts(repo, ["other_op"]) == "" and caller_sorts(repo, ["third_op"]) == ""
     assert caller_sorts(repo, ["late_op"]) == ""
     assert caller_sorts(repo, ["from_test"]) == ""  # a test's own sorting is no contract
+
+
+def test_a_result_the_repositorys_tests_compare_as_a_set_is_compared_sorted(tmp_path):
+    """pytorch_cluster's tests compare `radius(x, y, r)` as `to_set(edge_index)`: its CPU build
+    lists each query's neighbours nearest first, its CUDA kernel in index order, and the
+    repository accepts both. A result the tests compare element by element says nothing."""
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "pkg/radius.py": (
+                "import torch\n\n"
+                "def radius(x, y, r):\n"
+                "    if x.numel() == 0:\n"
+                "        return torch.empty(2, 0)\n"
+                "    return torch.ops.pkg.radius(x, y, r)\n\n"
+                "def grid(pos, size):\n"
+                "    return torch.ops.pkg.grid(pos, size)\n"
+            ),
+            "test/test_radius.py": (
+                "from pkg.radius import radius, grid\n\n"
+                "def to_set(edge_index):\n"
+                "    return set([(i, j) for i, j in edge_index.t().tolist()])\n\n"
+                "def test_radius(x, y):\n"
+                "    edge_index = radius(x, y, 2)\n"
+                "    assert to_set(edge_index) == {(0, 0), (0, 1)}\n"
+                "    cluster = grid(x, 2)\n"
+                "    assert cluster.tolist() == [0, 1]\n"
+            ),
+        },
+    )
+    assert caller_sorts(repo, ["radius"]) == (
+        "the repository's test `test_radius` (test/test_radius.py:7) compares what `radius` "
+        "returns as a set"
+    )
+    assert caller_sorts(repo, ["grid"]) == ""
