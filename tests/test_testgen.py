@@ -255,8 +255,10 @@ def _plan_module():
 def test_a_floating_input_zero_in_every_recorded_call_is_filled_in_one_case():
     """pytorch3d's face areas/normals backward: its test's loss uses the areas only, so the
     normals' gradient is zeros in every recorded call and a wrong sign in the terms it scales
-    passed every case. One made case fills it with random values; the recorded calls keep
-    their zeros, and a position nonzero in some recorded call is left alone."""
+    passed every case. One made case fills it with random values, and one more does on the
+    smallest cut of a recorded call (the whole mesh holds degenerate faces, where fused rounding
+    left the first case outside the contract); the recorded calls keep their zeros, and a
+    position nonzero in some recorded call is left alone."""
     grad_areas, verts = torch.rand(6), torch.rand(5, 3)
     faces = torch.tensor([[0, 1, 2], [1, 2, 3], [2, 3, 4], [0, 2, 4], [0, 1, 3], [1, 3, 4]])
     calls = [
@@ -266,8 +268,11 @@ def test_a_floating_input_zero_in_every_recorded_call_is_filled_in_one_case():
     p = plan(calls, ["float32"], ["grad_areas", "grad_normals", "verts", "faces"])
     made = [c for c in p.cases if c["id"].startswith("nonzero")]
     assert [(c["id"], c["base"], c["nonzero"], c["made"]) for c in made] == [
-        ("nonzero1_of_0", 0, [1], True)
+        ("nonzero1_of_0", 0, [1], True),
+        ("nonzero1_of_2", 2, [1], True),  # the smallest cut of a recorded call, too
     ]
+    cut = p.base[2]
+    assert cut.rows_of is not None and len(cut.args[3]) < len(p.base[cut.rows_of].args[3])
     module = _plan_module()
     args = module._prepare(p.base[0].args, made[0])
     assert bool(args[1].abs().gt(0).all()) and args[1].dtype == torch.float32
