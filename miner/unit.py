@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from miner.candidate import Reason
-from miner.closure import Closure
+from miner.closure import LIBRARY_NAMESPACES, Closure
 from miner.filemodel import FileModel, KernelDef
 from miner.includes import exists_on_system, is_torch_header
 from miner.linearize import Entry
@@ -140,7 +140,7 @@ __host__ __device__ __forceinline__ T ATenCeilDiv(T a, T b) { return (a + b - 1)
 } }
 #endif"""
 _ATEN_CEIL_DIV_USE = re.compile(r"\bATenCeilDiv\s*[(<]")
-_ATEN_CEIL_DIV_DEF = re.compile(r"\bT\s+ATenCeilDiv\s*\([^()]*\)\s*\{")
+_ATEN_CEIL_DIV_DEF = re.compile(r"\w\s+ATenCeilDiv\s*\([^()]*\)\s*\{")
 # (a use, the repository's own definition, the block defining it again) of names torch removed
 # or keeps only in headers a unit leaves out
 _REMOVED_NAMES = (
@@ -374,17 +374,15 @@ def _enum_first(type_text: str, closure: Closure) -> str | None:
     return None
 
 
-# namespaces whose types a unit can name wherever it includes torch or the CUDA runtime
-_LIBRARY_NAMESPACES = frozenset({"c10", "at", "std", "cuda", "thrust", "cub", "torch"})
-
-
 def _concrete_type(arg: str, known: set[str]) -> bool:
     """A type written at a launch that names one type anywhere (`c10::complex<float>`, a struct
     of the closure), not a dtype placeholder of the launcher (`scalar_t`, `acc_type<scalar_t>`)."""
     if arg in _BUILTIN_TYPES or not re.search(r"::|<", arg):
         return False
     words = re.findall(r"[A-Za-z_]\w*(?=\s*::)|(?<!::)(?<![\w])[A-Za-z_]\w*", arg)
-    allowed = _LIBRARY_NAMESPACES | _BUILTIN_TYPES | known | {"const", "true", "false"}
+    # names of the libraries a unit can include, torch's among them
+    allowed = LIBRARY_NAMESPACES | {"at", "c10", "torch", "const", "true", "false"}
+    allowed |= _BUILTIN_TYPES | known
     return all(w in allowed for w in words)
 
 

@@ -32,31 +32,10 @@ def caller_sorts(repo: Path, bindings: list[str]) -> str:
 
 @functools.cache
 def _index(repo: str) -> dict[str, str]:
-    """binding name -> the reason, for every binding some function sorts the result of."""
+    """binding name -> the reason, for every binding some function sorts the result of, or
+    returns as it is to a test that compares it as a set (one walk over the sources)."""
     root = Path(repo)
     found: dict[str, str] = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if any(part.startswith(("test", ".")) for part in Path(rel).parts):
-            continue
-        tree = pysources.tree(path)
-        if tree is None:
-            continue
-        for fn in ast.walk(tree):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for binding, line in _sorted_results(fn):
-                    found.setdefault(
-                        binding,
-                        f"the repository's `{fn.name}` ({rel}:{line}) sorts what `{binding}` "
-                        "returns",
-                    )
-    found.update({b: why for b, why in _tested_as_sets(root).items() if b not in found})
-    return found
-
-
-def _tested_as_sets(root: Path) -> dict[str, str]:
-    """binding -> the reason, for every binding whose result a function returns as it is
-    (`return torch.ops.ns.radius(...)`) and a test of the repository compares as a set."""
     returns: dict[str, set[str]] = {}  # function -> the callees whose results it returns
     tests = []
     for path in sorted(root.rglob("*.py")):
@@ -69,12 +48,27 @@ def _tested_as_sets(root: Path) -> dict[str, str]:
             tests.append((rel, tree))
             continue
         for fn in ast.walk(tree):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in ast.walk(fn):
-                    if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
-                        callee = _callee(node.value.func)
-                        if callee:  # (the binding may share the function's name)
-                            returns.setdefault(fn.name, set()).add(callee)
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for binding, line in _sorted_results(fn):
+                found.setdefault(
+                    binding,
+                    f"the repository's `{fn.name}` ({rel}:{line}) sorts what `{binding}` returns",
+                )
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
+                    callee = _callee(node.value.func)
+                    if callee:  # (the binding may share the function's name)
+                        returns.setdefault(fn.name, set()).add(callee)
+    for binding, why in _tested_as_sets(tests, returns).items():
+        found.setdefault(binding, why)
+    return found
+
+
+def _tested_as_sets(tests: list, returns: dict[str, set[str]]) -> dict[str, str]:
+    """binding -> the reason, for every binding whose result a function returns as it is
+    (`return torch.ops.ns.radius(...)`, `returns`) and one of `tests` (rel, tree) compares
+    as a set."""
     found: dict[str, str] = {}
     for rel, tree in tests:
         as_set = {"set", "frozenset"} | {

@@ -261,15 +261,24 @@ def test_template_values_written_in_a_launch_macro_and_integer_aliases(tmp_path)
         assert result.status.value == "ok", result.detail
 
 
-def test_a_launch_macro_handed_to_a_variadic_map_takes_the_maps_first_value(tmp_path):
-    """state-spaces/s4 launches `k<log_N_val>` inside `#define CASE_LOG_N(log_N_val)`, never
-    invoked itself but handed to `MAP(CASE_LOG_N, 1, 2, 3)`: the unit takes 1. With the
-    fallback 32, `ITEMS[log_N - 1]` read past the table and the unit did not compile."""
+def _unit_compiled(tmp_path, filename: str, source: str, kernel_name: str):
+    """(extractor, the kernel's unit, its nvcc result) for one source file of a repository."""
     from miner.compile import compile_unit
     from miner.discover import discover
     from miner.extract import Extractor
 
-    (tmp_path / "vand.cu").write_text(
+    (tmp_path / filename).write_text(source)
+    disc = discover(tmp_path)
+    ex = Extractor(disc)
+    unit = ex.extract(kernel(disc, kernel_name), "t").unit
+    return ex, unit, compile_unit(unit.text, unit.needs_torch, unit.instantiations)
+
+
+def test_a_launch_macro_handed_to_a_variadic_map_takes_the_maps_first_value(tmp_path):
+    """state-spaces/s4 launches `k<log_N_val>` inside `#define CASE_LOG_N(log_N_val)`, never
+    invoked itself but handed to `MAP(CASE_LOG_N, 1, 2, 3)`: the unit takes 1. With the
+    fallback 32, `ITEMS[log_N - 1]` read past the table and the unit did not compile."""
+    source = (
         "static constexpr int ITEMS[] = {2, 4, 8};\n"
         "template <int log_N, int items = ITEMS[log_N - 1]>\n"
         "__global__ void vand_kernel(float *x) { x[threadIdx.x] *= items * log_N; }\n"
@@ -279,10 +288,8 @@ def test_a_launch_macro_handed_to_a_variadic_map_takes_the_maps_first_value(tmp_
         "      vand_kernel<log_N_val><<<1, 32>>>(x); break;\n"
         "    MAP(CASE_LOG_N, 1, 2, 3)\n  }\n  #undef CASE_LOG_N\n}\n"
     )
-    disc = discover(tmp_path)
-    unit = Extractor(disc).extract(kernel(disc, "vand_kernel"), "t").unit
+    _, unit, result = _unit_compiled(tmp_path, "vand.cu", source, "vand_kernel")
     assert "constexpr auto log_N = 1;" in unit.text
-    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
     assert result.status.value == "ok", result.detail
 
 
@@ -291,11 +298,7 @@ def test_a_launchers_local_type_alias_pins_the_units_type(tmp_path):
     `k<scalar_t, log_N>`: the unit instantiates the complex type once, never float, whose
     `result += v_t * w_t` has no operator for a complex operand. An alias of the launcher's
     own template parameter (`acc_t = acc_type<scalar_t>`) stays a dtype placeholder."""
-    from miner.compile import compile_unit
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "cauchy.cu").write_text(
+    source = (
         "#include <complex>\n"
         "template <typename scalar_t, int log_N>\n"
         "__global__ void cauchy_kernel(const std::complex<float> *v, scalar_t *out) {\n"
@@ -309,14 +312,11 @@ def test_a_launchers_local_type_alias_pins_the_units_type(tmp_path):
         "  typedef typename acc<float>::type acc_t;\n"
         "  acc_kernel<float, acc_t><<<1, 1>>>(y, acc_t(2));\n}\n"
     )
-    disc = discover(tmp_path)
-    ex = Extractor(disc)
-    unit = ex.extract(kernel(disc, "cauchy_kernel"), "t").unit
+    ex, unit, result = _unit_compiled(tmp_path, "cauchy.cu", source, "cauchy_kernel")
     assert "using scalar_t = std::complex<float>;" in unit.text
     assert unit.instantiations == ["float"]
-    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
     assert result.status.value == "ok", result.detail
-    acc = ex.extract(kernel(disc, "acc_kernel"), "t").unit
+    acc = ex.extract(kernel(ex.disc, "acc_kernel"), "t").unit
     assert len(acc.instantiations) == 3  # `typename acc<float>::type` names no type here
 
 
@@ -324,21 +324,15 @@ def test_a_kernel_with_a_parameter_pack_is_instantiated_with_the_pack_empty(tmp_
     """`template <typename T, typename... Args> __global__ void k(T *out, Args... args)`, stamped
     by a macro that takes the kernel's name: the launch stub passes no `Args... args` (a name the
     stub does not declare, so the unit did not compile) and instantiates the pack empty."""
-    from miner.compile import compile_unit
-    from miner.discover import discover
-    from miner.extract import Extractor
-
-    (tmp_path / "pack.cu").write_text(
+    source = (
         "#define KERNEL_WITH_PACK(name) \\\n"
         "  template <typename T, typename... Args> \\\n"
         "  __global__ void name(T *out, int n, Args... args) { out[n] = out[sizeof...(Args)]; }\n"
         "KERNEL_WITH_PACK(count_kernel)\n"
         "void count(float *o) { count_kernel<<<1, 1>>>(o, 3, 1, 2.0f); }\n"
     )
-    disc = discover(tmp_path)
-    unit = Extractor(disc).extract(kernel(disc, "count_kernel"), "t").unit
+    _, unit, result = _unit_compiled(tmp_path, "pack.cu", source, "count_kernel")
     assert "void launch(T *out, int n) { count_kernel<T><<<1, 1>>>(out, n); }" in unit.text
-    result = compile_unit(unit.text, unit.needs_torch, unit.instantiations)
     assert result.status.value == "ok", result.detail
     assert result.detail == "" and unit.instantiations == ["float", "double", "half"]
 

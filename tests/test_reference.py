@@ -22,6 +22,10 @@ REFREPO = FIXTURES / "refrepo"
 def candidate(refrepo, kernel_name: str):
     """The candidate as the wrap stage leaves it: mined launcher, chain and op map."""
     disc, extractor, index, _ = refrepo
+    return mined_candidate(disc, extractor, index, kernel_name)
+
+
+def mined_candidate(disc, extractor, index, kernel_name: str):
     fk = kernel(disc, kernel_name)
     mined = mine_wrapper(fk, extractor, index)
     assert mined is not None, kernel_name
@@ -853,11 +857,7 @@ def test_a_cpu_twin_written_with_cuda_qualifiers_builds_on_the_host(tmp_path):
     )
     disc = discover(repo)
     index = LauncherIndex(disc)
-    fk = kernel(disc, "span_kernel")
-    mined = mine_wrapper(fk, Extractor(disc), index)
-    cand = to_candidate(fk, disc, Provenance(repo_url="https://x/span", commit="a" * 40))
-    cand.wrapper.launcher, cand.wrapper.chain = mined.chain[0], mined.chain
-    cand.wrapper.functions = [f.name for f in mined.functions()]
+    cand = mined_candidate(disc, Extractor(disc), index, "span_kernel")
     work.mkdir()
     ref = find_reference(cand, repo, work, RepoRefs(disc, index))
     assert isinstance(ref, Reference) and ref.function == "span_cpu", ref
@@ -1003,11 +1003,5 @@ def test_a_modules_bindings_are_no_op_function_that_calls_the_cpu_side(tmp_path)
     )
     disc = discover(repo)
     index = LauncherIndex(disc)
-    fk = kernel(disc, "conv_kernel")
-    mined = mine_wrapper(fk, Extractor(disc), index)
-    cand = to_candidate(fk, disc, Provenance(repo_url="https://x/conv", commit="a" * 40))
-    cand.wrapper.strategy, cand.wrapper.launcher = "mined", mined.chain[0]
-    cand.wrapper.chain = mined.chain
-    cand.wrapper.functions = [f.name for f in mined.functions()]
-    cand.wrapper.op_map = op_map(disc, mined.chain, index.callers)
+    cand = mined_candidate(disc, Extractor(disc), index, "conv_kernel")
     assert locate(cand, RepoRefs(disc, index)) == "twin conv_cpu takes 3 arguments, conv_cuda 2"
