@@ -103,7 +103,9 @@ DESCRIPTIONS = {  # the card's schema table
     "toolchain": "nvcc, torch and CUDA versions of the verification; empty when not recorded",
     "strategy": "how the host function was made: mined (the repository's launcher), rule, llm",
     "cases_source": "who made the inputs: mined (the repository's tests), forward (a "
-    "backward's, from its forward's recorded calls), sibling (the recorded calls of an op of "
+    "backward's, from its forward's recorded calls), cpu_branch (the tests' calls of the CPU "
+    "binding the repository's Python calls on CPU tensors instead), sibling (the recorded calls "
+    "of an op of "
     "the same extension taking the same parameters), rule, probe (drafted, kept where the "
     "repository's CPU implementation built with AddressSanitizer ran them clean), llm",
     "description_source": "where the description in instruction_complete comes from: llm, "

@@ -190,7 +190,7 @@ class Tests(BaseModel):
 
     path: str = ""  # the standalone pytest file, relative to the workdir
     hash: str = ""
-    cases_source: str = ""  # mined (repository tests) | forward | sibling | rule | probe | llm
+    cases_source: str = ""  # mined | forward | cpu_branch | sibling | rule | probe | llm
     num_cases: int = 0
     num_shapes: int = 0
     dtypes: list[str] = Field(default_factory=list)

@@ -132,10 +132,17 @@ class FileModel:
 # `std::optional`, `std::chrono::seconds`: names the standard library defines, never the
 # repository's own (a vendored header-only library defines `optional` and `nullopt` too)
 _STD_QUALIFIED = re.compile(r"\bstd\s*::\s*(?:[A-Za-z_]\w*\s*::\s*)*[A-Za-z_]\w*")
+# a macro spelled where a member's name goes (`x.DATA_PTR<float>()`, a compat header's
+# `#define DATA_PTR data_ptr`): the preprocessor expands it all the same; only macro-style
+# names are taken, so a member `size()` never pulls in a function of that name
+_MEMBER_MACRO = re.compile(r"(?:\.|->)\s*([A-Z_][A-Z0-9_]*[A-Z][A-Z0-9_]*)\b")
 
 
 def refs_in(code: str, start: int, end: int) -> frozenset[str]:
     text = code[start:end]
     if "std" in text:
         text = _STD_QUALIFIED.sub(" std ", text)
-    return frozenset(IDENT.findall(text)) - CPP_KEYWORDS
+    found = set(IDENT.findall(text))
+    if "." in text or "->" in text:
+        found.update(_MEMBER_MACRO.findall(text))
+    return frozenset(found) - CPP_KEYWORDS

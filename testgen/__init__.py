@@ -23,7 +23,7 @@ The pieces and the contract between them (every module relies on it):
   same extension that takes the same parameters and returns its result (`sibling_calls`); an
   op with a C++ CPU implementation, calls drafted from its signature and kept where that
   implementation, built with AddressSanitizer, runs them clean (`probe_inputs`, before the model).
-  Stage metric `cases_source`: mined|forward|sibling|rule|probe|llm.
+  Stage metric `cases_source`: mined|forward|cpu_branch|sibling|rule|probe|llm.
   The repository's tests run under `standalone/recorder.py`, in the sandbox; `carry` takes a
   recorded call of the Python binding down the op chain to the label's function.
 - `cases`: the plan over the base calls (fewer rows, a larger drawn case, a boolean mode the

@@ -9,7 +9,8 @@ repository itself shows counts: a function that assigns the binding's result and
 one of those names (`x.sort(`, `torch.sort(x`, `x.argsort(`), outside its tests; or a test
 that compares what a function returning the binding's result gives only as a set (pytorch_cluster's
 `to_set(radius(x, y, 2))`: its CPU build lists each query's neighbours nearest first, its CUDA
-kernel in index order).
+kernel in index order; torch-points-kernels' `set(res[i][j])` row by row, where `res =
+ball_query(...)[0].detach().numpy()`).
 """
 
 from __future__ import annotations
@@ -95,10 +96,10 @@ def _set_compared(fn: ast.AST, as_set: set[str]) -> list[tuple[str, int]]:
     one of its helpers that makes a set (`to_set(edge_index)`)."""
     assigned: dict[str, list[tuple[int, str]]] = {}
     for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Call, ast.Subscript)):
             for target in node.targets:
                 for name in _names(target):
-                    assigned.setdefault(name, []).append((node.lineno, _callee(node.value.func)))
+                    assigned.setdefault(name, []).append((node.lineno, _producer(node.value)))
     out = []
     for node in ast.walk(fn):
         if isinstance(node, ast.Call) and _callee(node.func) in as_set and node.args:
@@ -137,6 +138,28 @@ def _sorted_results(fn: ast.AST) -> list[tuple[str, int]]:
             if callee and callee not in _SORTS:
                 out.append((callee, line))
     return out
+
+
+_PASS_THROUGH = {"detach", "numpy", "cpu", "cuda", "contiguous", "clone", "to", "tolist"}
+
+
+def _producer(value: ast.AST) -> str:
+    """The function whose result an assigned value is, through what keeps its values
+    (`ball_query(1, 500, a, b)[0].detach().numpy()` is `ball_query`'s)."""
+    node = value
+    while True:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            inner = node.func.value
+            if node.func.attr in _PASS_THROUGH and isinstance(inner, (ast.Call, ast.Subscript)):
+                node = inner
+            else:
+                return node.func.attr
+        elif isinstance(node, ast.Call):
+            return _callee(node.func)
+        else:
+            return ""
 
 
 def _callee(func: ast.AST) -> str:

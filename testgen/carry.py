@@ -53,18 +53,19 @@ def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
 
 
 def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
-    """The `py::arg("...")` names of the binding that exposes `python_fn` to Python."""
+    """The `py::arg("...")` (or `"..."_a`) names of the binding that exposes `python_fn`."""
     pattern = re.compile(rf'\.def\s*\(\s*"{re.escape(python_fn)}"\s*,')
     for model in refs.disc.models.values():
         text = model.text  # string literals are blanked in `code`
-        m = pattern.search(text) if "py::arg" in text else None
+        m = pattern.search(text) if "py::arg" in text or '"_a' in text else None
         if m is None:
             continue
         depth, end = 1, m.end()
         while end < len(text) and depth:
             depth += {"(": 1, ")": -1}.get(text[end], 0)
             end += 1
-        return re.findall(r'py::arg\s*\(\s*"(\w+)"', text[m.end() : end])
+        found = re.findall(r'py::arg\s*\(\s*"(\w+)"|"(\w+)"_a\b', text[m.end() : end])
+        return [a or b for a, b in found]
     return None
 
 

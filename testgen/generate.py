@@ -8,6 +8,7 @@ its reason (not a failure: it waits for an LLM reference or generated inputs).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.backward_calls import backward_calls
 from testgen.caller_sorts import caller_sorts
-from testgen.carry import Unmappable, carry_down
+from testgen.carry import Unmappable, carry_down, pybind_arg_names
 from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
@@ -40,6 +41,7 @@ from testgen.made_inputs import (
     rule_calls,
 )
 from testgen.probe_inputs import PROBE_ORIGIN, probed_calls
+from testgen.python_branch import cuda_calls
 from testgen.python_reference import CHECK_TIMEOUT_S, find_python_reference
 from testgen.rank_variants import rank_choices
 from testgen.reach import dead_spans, kernel_scalars
@@ -66,6 +68,7 @@ class ModelHelp:
 
 
 VARIANTS_PER_KIND = 3  # the best of each kind, then alternates for one that survives or fails
+MAX_TWIN_CALLS = 16  # recorded calls of a CPU twin binding taken as calls of the CUDA one
 
 
 def _backward_on_chain(cand: Candidate, recorded, refs, python_fn: str):
@@ -282,6 +285,10 @@ def generate_for(
         derived_calls = backward_calls(python_fn, recorded, refs)
         if isinstance(derived_calls, list):
             calls, source = derived_calls, "forward"
+    if not calls and python_fn:  # the tests took the Python's CPU branch (python_branch)
+        names_of = functools.partial(pybind_arg_names, refs)
+        calls = cuda_calls(Path(refs.disc.root), python_fn, recorded, names_of)[:MAX_TWIN_CALLS]
+        source = "cpu_branch" if calls else source
     if not calls and python_fn:  # an op nobody calls, beside one that takes the same
         calls = sibling_calls(refs, python_fn, recorded)
         source = "sibling" if calls else source

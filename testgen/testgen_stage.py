@@ -17,6 +17,7 @@ from miner.stage import Done, RunContext, Stage
 from testgen.cpu_twin import cpu_extensions
 from testgen.generate import ModelHelp, generate_for, public_names
 from testgen.inputs import record_repo_calls
+from testgen.python_branch import branch_twins
 from testgen.reference import RepoRefs
 
 
@@ -49,6 +50,8 @@ class Testgen(Stage):
         names = [public_names(c) for c in [*everyone, *batch] if c.wrapper.label_path]
         # an unknown binding: every file
         wanted = None if not all(names) else {n for each in names for n in each}
+        if wanted:  # the CPU bindings the Python calls instead on CPU tensors (python_branch)
+            wanted |= {t.cpu_binding for n in wanted for t in branch_twins(ctx.src.root, n)}
         with ctx.timed("cpu_twin"):
             built = cpu_extensions(ctx.src.root, ctx.workdir / "cpu_twin", wanted, ctx.cfg.jobs)
         with ctx.timed("record"):

@@ -69,3 +69,33 @@ def test_a_result_the_repositorys_tests_compare_as_a_set_is_compared_sorted(tmp_
         "returns as a set"
     )
     assert caller_sorts(repo, ["grid"]) == ""
+
+
+def test_a_result_compared_as_sets_row_by_row_after_conversions_is_found(tmp_path):
+    """torch-points-kernels' test takes `ball_query(...)[0].detach().numpy()` and asserts
+    `set(res_cpu[i][j]) == set(res_cuda[i][j])` per row: the value is still `ball_query`'s
+    result through the indexing and the conversions. A value a function makes of it (`.sum()`)
+    is not."""
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "pkg/ops.py": (
+                "def ball_query(r, n, x, y):\n    return ball_query_dense(r, n, x, y)\n\n"
+                "def ball_query_dense(r, n, x, y):\n    return ext.ball_query_dense(x, y, r, n)\n\n"
+                "def total(x):\n    return ext.total(x)\n"
+            ),
+            "test/test_ball.py": (
+                "from pkg.ops import ball_query, total\n\n"
+                "def test_equal(a, b):\n"
+                "    res = ball_query(1, 500, a, b)[0].detach().numpy()\n"
+                "    other = total(a).sum()\n"
+                "    for i in range(3):\n"
+                "        assert set(res[i][0]) == set(other[i])\n"
+            ),
+        },
+    )
+    assert caller_sorts(repo, ["ball_query_dense"]) == (
+        "the repository's test `test_equal` (test/test_ball.py:4) compares what `ball_query` "
+        "returns as a set"
+    )
+    assert caller_sorts(repo, ["total"]) == ""

@@ -409,7 +409,9 @@ def _package_roots(repo: str) -> dict[str, str]:
             return []
         return [d for d in names if os.path.isfile(os.path.join(folder, d, "__init__.py"))]
 
-    roots = dict.fromkeys(packages(repo), repo)
+    # a test folder that is a package (`test/__init__.py` with a `run_if_cuda` helper) is the
+    # tests' own: it loads from source like a test module, never as the library's package
+    roots = dict.fromkeys([p for p in packages(repo) if not p.startswith("test")], repo)
     for sub in sorted(os.listdir(repo)):
         folder = os.path.join(repo, sub)
         if sub.startswith((".", "test", "doc")) or not os.path.isdir(folder) or sub in roots:
