@@ -35,9 +35,10 @@ class BranchTwin:
     position, ("arg", k) the CUDA call's k-th argument, or ("const", value)."""
 
     cpu_binding: str
-    args: tuple  # positional, then keyword: ((name, source), ...) for keywords
-    keywords: tuple
+    args: tuple  # the positional ones' sources
+    keywords: tuple  # ((name, source), ...)
     where: str  # file:line of the branch
+    cuda_arity: int = 0  # how many arguments the CUDA call passes
 
 
 def _device_test(test: ast.expr) -> bool | None:
@@ -167,7 +168,8 @@ def _twins_in(tree: ast.Module, rel: str) -> list[tuple[str, BranchTwin]]:
         keywords = [(k.arg, _source(k.value, cuda_args, defaults, changed)) for k in c.keywords]
         if None in positional or any(s is None or k is None for k, s in keywords):
             continue
-        twin = BranchTwin(c.func.attr, tuple(positional), tuple(keywords), f"{rel}:{node.lineno}")
+        where = f"{rel}:{node.lineno}"
+        twin = BranchTwin(c.func.attr, tuple(positional), tuple(keywords), where, len(g.args))
         found.append((g.func.attr, twin))
     return found
 
@@ -260,7 +262,7 @@ def cuda_calls(root: Path, cuda_binding: str, recorded: dict, arg_names) -> list
         if len(keyed) < len(twin.keywords):
             continue
         wanted = [k for _, (kind, k) in positional + keyed if kind == "arg"]
-        if sorted(wanted) != list(range(len(wanted))):
+        if sorted(wanted) != list(range(twin.cuda_arity)):
             continue  # an argument of the CUDA call the CPU call never receives
         for call in recorded.get(twin.cpu_binding, []):
             bound = dict(enumerate(call.args))

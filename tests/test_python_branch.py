@@ -48,6 +48,13 @@ def nearest(unknown, known):
     return knn(known, unknown, 3)  # a Python function, no binding: no twin
 
 
+def scale(x, alpha, beta):
+    if x.is_cuda:
+        return gpu.scale(x, alpha, beta)
+    else:
+        return cpu.scale_cpu(x, alpha)  # beta: the CPU side ignores it
+
+
 def count(x, k):
     if not x.is_cuda:
         return cpu.count_cpu(x, x.shape[0])  # an argument the CUDA call never had
@@ -180,6 +187,10 @@ def test_the_tests_calls_of_the_cpu_binding_are_calls_of_the_cuda_one(tmp_path):
     ]
     assert all(c.args[0] is x and c.args[1] is y for c in made)
     assert cuda_calls(repo, "nearest", recorded, lambda b: None) == []
+    # a CUDA argument the CPU call never receives cannot be read back from its calls
+    assert [t.cpu_binding for t in branch_twins(repo, "scale")] == ["scale_cpu"]
+    scaled = {"scale_cpu": [RecordedCall("scale_cpu", [x, 2.0], {}, "t.py")]}
+    assert cuda_calls(repo, "scale", scaled, lambda b: None) == []
 
 
 def test_a_test_packages_own_helpers_load_from_source(tmp_path):
