@@ -250,14 +250,20 @@ def adapter(
     enums: frozenset[str],
     cpu_sig: Signature | None,
     note: str,
+    widen_ints: bool = False,
 ) -> tuple[str, str]:
     """(C++ code, what `m.def("reference", ...)` binds). The CPU function itself when it has
     the exposed signature (`cpu_sig`, None when overloaded) and takes it unchanged; else
     `kminer_ref::reference(<exposed parameters>)` calling it with `args`. Enum parameters are
-    taken as integers, as the label's binding does."""
+    taken as integers, as the label's binding does. `widen_ints`: a CPU side reached from
+    other Python than the CUDA side may take its indices as int64 where the CUDA side takes
+    int32 (torch-points-kernels' `knn_interpolate` reads the Long indices its CPU knn made,
+    `three_interpolate` the Int ones of its CUDA one): refused for that alone, the call is
+    made again with the int32 tensors widened."""
     core = [core_type(t) for t, _ in exposed.params]
     if (
-        cpu_sig is not None
+        not widen_ints
+        and cpu_sig is not None
         and args == [n for _, n in exposed.params]
         and [core_type(t) for t, _ in cpu_sig.params] == core
         and core_type(cpu_sig.returns) == core_type(exposed.returns)
@@ -266,10 +272,27 @@ def adapter(
         return "", f"&{cpu}"
     decl, cast = declared(exposed, enums)
     call = f"{cpu}({', '.join(substitute(a, cast) for a in args)})"
+    ret = "" if exposed.returns == "void" else "return "
+    body = f"  {ret}{call};\n"
+    if widen_ints:
+        tensors = {
+            n: f"kminer_widen({n})" for t, n in exposed.params if core_type(t).endswith("Tensor")
+        }
+        wide = f"{cpu}({', '.join(substitute(substitute(a, cast), tensors) for a in args)})"
+        done = "" if ret else " return;"
+        body = (
+            f"  try {{ {ret}{call};{done} }} catch (const c10::Error& e) {{\n"
+            '    if (std::string(e.what()).find("expected scalar type Long but found Int")'
+            " == std::string::npos) throw;\n  }\n"
+            f"  {ret}{wide};\n"
+        )
+        body = (
+            "  auto kminer_widen = [](const at::Tensor& t) {\n"
+            "    return t.scalar_type() == at::kInt ? t.to(at::kLong) : t;\n  };\n" + body
+        )
     code = (
         f"// kminer: {note}\nnamespace kminer_ref {{\nusing at::Tensor;\n"
-        f"{exposed.returns} reference({', '.join(decl)}) {{\n"
-        f"  {'' if exposed.returns == 'void' else 'return '}{call};\n}}\n"
+        f"{exposed.returns} reference({', '.join(decl)}) {{\n{body}}}\n"
         "}  // namespace kminer_ref\n"
     )
     return code, "&kminer_ref::reference"

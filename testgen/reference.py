@@ -660,6 +660,7 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
             refs.index.enums,
             refs.signature(loc.cpu) if overloads == 1 else None,
             f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
+            widen_ints=loc.mechanism == "python branch",
         )
     vendored = refs.vendored_headers(loc.cpu.file, body)
     body = (

@@ -228,6 +228,38 @@ def test_adapter_takes_enums_as_integers():
     assert "l_cpu(x, static_cast<Reduce>(mode));" in code
 
 
+def test_a_cpu_side_reached_from_other_python_gets_int32_indices_widened(tmp_path):
+    """torch-points-kernels' CUDA `three_interpolate` checks its indices are int32 (its CUDA
+    knn makes them), its CPU `knn_interpolate` reads them as int64 (its CPU knn makes those):
+    the reference refused every case the label accepts. With `widen_ints` the adapter calls
+    again with int32 tensors widened, only when the CPU side refused them for that alone."""
+    import torch
+
+    sig = parse_signature("Tensor L(Tensor f, Tensor idx, int n) {}", "L")
+    code, target = adapter(sig, "pick_cpu", ["f", "idx", "n"], frozenset(), sig, "n", True)
+    assert target == "&kminer_ref::reference"
+    assert "return pick_cpu(kminer_widen(f), kminer_widen(idx), n);" in code
+    plain, direct = adapter(sig, "pick_cpu", ["f", "idx", "n"], frozenset(), sig, "n")
+    assert (plain, direct) == ("", "&pick_cpu")
+    source = tmp_path / "pick.cpp"
+    source.write_text(
+        "#include <torch/extension.h>\nusing at::Tensor;\n"
+        "Tensor pick_cpu(Tensor f, Tensor idx, int n) {\n"
+        "  auto i = idx.accessor<int64_t, 1>();\n  auto out = torch::zeros({n});\n"
+        "  for (int k = 0; k < n; ++k) out[k] = f[i[k]];\n  return out;\n}\n"
+        + code
+        + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
+        + '  m.def("reference", &kminer_ref::reference);\n}\n'
+    )
+    mod = _built(tmp_path, "kminer_ref_widen", source)
+    f = torch.tensor([10.0, 20.0, 30.0])
+    for dtype in (torch.int32, torch.int64):
+        got = mod.reference(f, torch.tensor([2, 0], dtype=dtype), 2)
+        assert got.tolist() == [30.0, 10.0]
+    with pytest.raises(RuntimeError, match="expected scalar type Long but found Float"):
+        mod.reference(f, torch.tensor([2.0, 0.0]), 2)  # refused for another reason: raised
+
+
 def test_references_batch_like_labels(refrepo, tmp_path):
     texts = [
         (name, reference(refrepo, k, tmp_path)[1])
