@@ -52,6 +52,13 @@ def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def public_names(cand: Candidate) -> list[str]:
+    """The repository's bindings that reach this launcher (several ops may share one:
+    spmm_sum, spmm_mean, ... all call spmm_fw); empty when none is known."""
+    op = cand.wrapper.op_map
+    return list(op.get("python_names") or ([op["python_name"]] if op.get("python_name") else []))
+
+
 def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
     """The `py::arg("...")` (or `"..."_a`) names of the binding that exposes `python_fn`."""
     pattern = re.compile(rf'\.def\s*\(\s*"{re.escape(python_fn)}"\s*,')

@@ -8,7 +8,6 @@ its reason (not a failure: it waits for an LLM reference or generated inputs).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.backward_calls import backward_calls
 from testgen.caller_sorts import caller_sorts
-from testgen.carry import Unmappable, carry_down, pybind_arg_names
+from testgen.carry import Unmappable, carry_down, public_names
 from testgen.cases import (
     MIN_CASES,
     MIN_SHAPES,
@@ -243,13 +242,6 @@ def _within_reference(base: list, code: str) -> tuple[list, list[str]]:
     return (kept, why) if kept else (base, [])
 
 
-def public_names(cand: Candidate) -> list[str]:
-    """The repository's bindings that reach this launcher (several ops may share one:
-    spmm_sum, spmm_mean, ... all call spmm_fw); empty when none is known."""
-    op = cand.wrapper.op_map
-    return list(op.get("python_names") or ([op["python_name"]] if op.get("python_name") else []))
-
-
 def generate_for(
     cand: Candidate, refs, recorded: dict, workdir: Path, llm: ModelHelp | None = None
 ) -> None:
@@ -286,8 +278,7 @@ def generate_for(
         if isinstance(derived_calls, list):
             calls, source = derived_calls, "forward"
     if not calls and python_fn:  # the tests took the Python's CPU branch (python_branch)
-        names_of = functools.partial(pybind_arg_names, refs)
-        calls = cuda_calls(Path(refs.disc.root), python_fn, recorded, names_of)[:MAX_TWIN_CALLS]
+        calls = cuda_calls(refs, python_fn, recorded)[:MAX_TWIN_CALLS]
         source = "cpu_branch" if calls else source
     if not calls and python_fn:  # an op nobody calls, beside one that takes the same
         calls = sibling_calls(refs, python_fn, recorded)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from testgen import pysources
+from testgen.carry import pybind_arg_names
+from testgen.inputs import RecordedCall
 from testgen.vendor import ALLOWED_ROOTS
 
 _SKIP_DIRS = {".git", "build", "dist", "node_modules", "__pycache__"}
@@ -231,32 +232,16 @@ def cpu_call_args(
     return exprs
 
 
-def binding_names(models: dict, function: str) -> list[str]:
-    """The Python names under which a module binds the C++ `function` (`m.def("three_nn",
-    &three_nn)`); string literals are read from the text, not the blanked code."""
-    pattern = re.compile(rf'\.def\s*\(\s*"(\w+)"\s*,\s*&?\s*(?:\w+::)*{re.escape(function)}\b')
-    return list(
-        dict.fromkeys(
-            m.group(1)
-            for model in models.values()
-            if function in model.text and ".def" in model.text
-            for m in pattern.finditer(model.text)
-        )
-    )
-
-
-def cuda_calls(root: Path, cuda_binding: str, recorded: dict, arg_names) -> list:
+def cuda_calls(refs, cuda_binding: str, recorded: dict) -> list[RecordedCall]:
     """The recorded calls of each CPU twin of `cuda_binding`, as calls of `cuda_binding`: the
     repository's tests run on the CPU, so its Python takes the CPU branch and the recorder sees
     only the CPU binding (`batch_ball_query`), never the CUDA one. Each argument of the CUDA call
     is the CPU call's argument at the position the branch passes it to; a call whose constant
     arguments differ from the branch's (`sorted=True`: a mode the CUDA branch never takes) is
-    no call of the CUDA binding. `arg_names(binding)`: the binding's argument names, or None."""
-    from testgen.inputs import RecordedCall
-
+    no call of the CUDA binding."""
     made = []
-    for twin in branch_twins(root, cuda_binding):
-        names = arg_names(twin.cpu_binding) or []
+    for twin in branch_twins(refs.disc.root, cuda_binding):
+        names = pybind_arg_names(refs, twin.cpu_binding) or []
         positional = list(enumerate(twin.args))
         keyed = [(names.index(k), s) for k, s in twin.keywords if k in names]
         if len(keyed) < len(twin.keywords):

@@ -49,14 +49,14 @@ from testgen.argmap import (
     map_arguments,
 )
 from testgen.call_site_twin import call_site_twin
-from testgen.carry import bound_function, pybind_arg_names
+from testgen.carry import bound_function, public_names, pybind_arg_names
 from testgen.device_branch import host_closure, host_version
 from testgen.group_twin import group_twin
 from testgen.guarded_twin import guarded_twin
 from testgen.mode_dispatch import dispatch_adapter, distinct, mode_of
 from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
-from testgen.python_branch import binding_names, branch_twins
+from testgen.python_branch import branch_twins
 from testgen.python_branch import cpu_call_args as python_cpu_args
 from wrappers.adapter import aliases
 from wrappers.kernel_twin import twin_names
@@ -367,10 +367,9 @@ def locate(cand: Candidate, refs: RepoRefs, label_text: str = "") -> Located | s
             found = attempt("twin", twin, path, mine)
             if found:
                 return found
-    for path in paths:  # 3b. the CPU binding the repository's Python calls on CPU tensors
-        found = _python_branch(refs, path, attempt, reasons)
-        if found:
-            return found
+    found = _python_branch(refs, cand, paths, attempt, reasons)  # 3b. the CPU binding the
+    if found:  # repository's Python calls in the CUDA binding's place on CPU tensors
+        return found
     if adapted:  # 4. a twin taking one group of the launcher's list of groups
         found = group_twin(refs, e_item, sig.params, _host_side)
         if isinstance(found, tuple) and _only_raises(refs.body(found[0])):
@@ -496,18 +495,20 @@ def _device_branch(refs: RepoRefs, item: Item, sig: Signature) -> Located | str 
     )
 
 
-def _python_branch(refs: RepoRefs, path: list[Item], attempt, reasons: list[str]):
-    """Step 3b of `locate`: the top of `path` bound to Python, with a CPU binding that the
-    repository's Python calls in its place on CPU tensors (testgen/python_branch.py)."""
-    name = path[-1].names[0]
-    cuda_params = refs.params_of(name)
-    if not cuda_params:
-        return None
-    for python_name in binding_names(refs.disc.models, name):
+def _python_branch(refs: RepoRefs, cand: Candidate, paths: list, attempt, reasons: list[str]):
+    """Step 3b of `locate`: the candidate's binding, with a CPU binding that the repository's
+    Python calls in its place on CPU tensors (testgen/python_branch.py), from the path up to
+    the function the binding exposes."""
+    for python_name in public_names(cand):
+        bound = bound_function(refs, python_name) or python_name
+        path = next((p for p in paths if p[-1].names[0] == bound), None)
+        cuda_params = refs.params_of(bound)
+        if path is None or not cuda_params:
+            continue
         for twin in branch_twins(refs.disc.root, python_name):
             cpu = bound_function(refs, twin.cpu_binding)
             cpu_params = refs.params_of(cpu) if cpu else None
-            if not cpu or cpu_params is None:
+            if cpu_params is None:
                 continue
             names = pybind_arg_names(refs, twin.cpu_binding)
             args = python_cpu_args(twin, cuda_params, cpu_params, names)

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 from miner.candidate import Candidate, Reason, StageName, Status
 from miner.stage import Done, RunContext, Stage
+from testgen.carry import public_names
 from testgen.cpu_twin import cpu_extensions
-from testgen.generate import ModelHelp, generate_for, public_names
+from testgen.generate import ModelHelp, generate_for
 from testgen.inputs import record_repo_calls
 from testgen.python_branch import branch_twins
 from testgen.reference import RepoRefs

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import torch
 from conftest import write_tree
-from test_reference import mined_candidate
+from test_reference import repo_candidates
 
 from miner.discover import discover
-from miner.extract import Extractor
 from miner.filemodel import refs_in
 from testgen.carry import pybind_arg_names
 from testgen.inputs import RecordedCall, record_repo_calls
 from testgen.python_branch import branch_twins, cuda_calls
 from testgen.reference import RepoRefs, locate
-from wrappers.mined import LauncherIndex
 
 OPS = """import torch
 import pkg.points_cuda as gpu
@@ -137,12 +135,9 @@ def test_the_other_branch_of_a_python_device_test_is_the_cuda_bindings_cpu_side(
     assert query.keywords == (("mode", ("const", 0)), ("sorted", ("const", False)))
     assert twins["nearest"] == [] and twins["count"] == []
 
-    disc = discover(repo)
-    index = LauncherIndex(disc)
-    refs = RepoRefs(disc, index)
+    cands, refs = repo_candidates(repo, "interpolate_kernel", "query_kernel")
     found = {}
-    for kernel in ("interpolate_kernel", "query_kernel"):
-        cand = mined_candidate(disc, Extractor(disc), index, kernel)
+    for kernel, cand in zip(("interpolate_kernel", "query_kernel"), cands, strict=True):
         loc = locate(cand, refs)
         assert not isinstance(loc, str), loc
         found[kernel] = (loc.mechanism, loc.cpu.names[0], loc.args)
@@ -180,17 +175,17 @@ def test_the_tests_calls_of_the_cpu_binding_are_calls_of_the_cuda_one(tmp_path):
             RecordedCall("radius_query", [x, y, 2.0, 5, 0, False], {}, "t.py"),
         ]
     }
-    made = cuda_calls(repo, "query", recorded, lambda b: pybind_arg_names(refs, b))
+    made = cuda_calls(refs, "query", recorded)
     assert [(c.function, c.args[2:], c.test_file) for c in made] == [
         ("query", [0.5, 3], "t.py"),
         ("query", [2.0, 5], "t.py"),
     ]
     assert all(c.args[0] is x and c.args[1] is y for c in made)
-    assert cuda_calls(repo, "nearest", recorded, lambda b: None) == []
+    assert cuda_calls(refs, "nearest", recorded) == []
     # a CUDA argument the CPU call never receives cannot be read back from its calls
     assert [t.cpu_binding for t in branch_twins(repo, "scale")] == ["scale_cpu"]
     scaled = {"scale_cpu": [RecordedCall("scale_cpu", [x, 2.0], {}, "t.py")]}
-    assert cuda_calls(repo, "scale", scaled, lambda b: None) == []
+    assert cuda_calls(refs, "scale", scaled) == []
 
 
 def test_a_test_packages_own_helpers_load_from_source(tmp_path):

@@ -8,6 +8,7 @@ from conftest import FIXTURES, kernel
 
 from miner.candidate import Candidate, Kernel, Provenance, Reference
 from miner.discover import discover
+from miner.extract import Extractor
 from miner.repo_model import to_candidate
 from testgen.argmap import Step, adapter, call_args, map_arguments, plain_name
 from testgen.reference import RepoRefs, find_reference, locate
@@ -36,6 +37,15 @@ def mined_candidate(disc, extractor, index, kernel_name: str):
     cand.wrapper.functions = [f.name for f in mined.functions()]
     cand.wrapper.op_map = op_map(disc, mined.chain, index.callers)
     return cand
+
+
+def repo_candidates(repo, *kernel_names: str) -> tuple[list[Candidate], RepoRefs]:
+    """The named kernels' candidates in a repository written by a test, and its references."""
+    disc = discover(repo)
+    index = LauncherIndex(disc)
+    extractor = Extractor(disc)
+    cands = [mined_candidate(disc, extractor, index, name) for name in kernel_names]
+    return cands, RepoRefs(disc, index)
 
 
 def reference(refrepo, kernel_name: str, workdir) -> tuple[Reference, str]:
@@ -860,8 +870,6 @@ def test_a_cpu_twin_written_with_cuda_qualifiers_builds_on_the_host(tmp_path):
     so it defines the qualifiers itself."""
     import torch
 
-    from miner.extract import Extractor
-
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "csrc" / "cuda").mkdir(parents=True)
     (repo / "csrc" / "cpu").mkdir(parents=True)
@@ -887,11 +895,9 @@ def test_a_cpu_twin_written_with_cuda_qualifiers_builds_on_the_host(tmp_path):
         "    out.data_ptr<float>()[i] = Point(b[2 * i], b[2 * i + 1]).span();\n"
         "  return out;\n}\n"
     )
-    disc = discover(repo)
-    index = LauncherIndex(disc)
-    cand = mined_candidate(disc, Extractor(disc), index, "span_kernel")
+    (cand,), refs = repo_candidates(repo, "span_kernel")
     work.mkdir()
-    ref = find_reference(cand, repo, work, RepoRefs(disc, index))
+    ref = find_reference(cand, repo, work, refs)
     assert isinstance(ref, Reference) and ref.function == "span_cpu", ref
     text = (work / ref.path).read_text()
     assert "cuda_runtime_api.h" not in text and "#define __device__\n" in text
@@ -1011,8 +1017,6 @@ def test_a_modules_bindings_are_no_op_function_that_calls_the_cpu_side(tmp_path)
     PYBIND11_MODULE: the module names both functions and calls neither, so it is no op function
     whose CPU call maps the label's arguments. The reason given is the twin's own: it takes
     other arguments (an output buffer the CUDA side returns instead)."""
-    from miner.extract import Extractor
-
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "conv_cuda.cu").write_text(
@@ -1033,7 +1037,5 @@ def test_a_modules_bindings_are_no_op_function_that_calls_the_cpu_side(tmp_path)
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
         '  m.def("conv_cuda", &conv_cuda);\n  m.def("conv_cpu", &conv_cpu);\n}\n'
     )
-    disc = discover(repo)
-    index = LauncherIndex(disc)
-    cand = mined_candidate(disc, Extractor(disc), index, "conv_kernel")
-    assert locate(cand, RepoRefs(disc, index)) == "twin conv_cpu takes 3 arguments, conv_cuda 2"
+    (cand,), refs = repo_candidates(repo, "conv_kernel")
+    assert locate(cand, refs) == "twin conv_cpu takes 3 arguments, conv_cuda 2"
