@@ -76,12 +76,15 @@ def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
     return None
 
 
-def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | None:
+def bound_function(
+    refs, python_fn: str, within: tuple[str, ...] = (), cpu_side: bool = False
+) -> str | None:
     """The C++ function a binding exposes under another name: mamba's `m.def("fwd",
     &selective_scan_fwd)`, which its Python calls as `selective_scan_cuda.fwd(...)`. Where
     several modules bind the name (PyTorch-Encoding's `cpu` and `gpu` modules both define
     `aggregate_forward`), the one among `within` (a candidate's chain), else one defined in GPU
-    sources (the recorder pretends CUDA: the tests' calls take the GPU path), else the first."""
+    sources (the recorder pretends CUDA: the tests' calls take the GPU path), else the first;
+    `cpu_side`: the binding called on CPU tensors, so one defined outside GPU sources."""
     pattern = re.compile(
         rf'\.(?:def|impl)\s*\(\s*"{re.escape(python_fn)}"\s*,\s*&?\s*([A-Za-z_][\w:]*)'
     )
@@ -98,7 +101,7 @@ def bound_function(refs, python_fn: str, within: tuple[str, ...] = ()) -> str | 
 
     if len(set(found)) < 2:
         return found[0] if found else None
-    return sorted(found, key=lambda f: (f not in within, not gpu_side(f)))[0]  # stable
+    return sorted(found, key=lambda f: (f not in within, gpu_side(f) == cpu_side))[0]  # stable
 
 
 def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:

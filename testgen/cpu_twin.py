@@ -149,6 +149,11 @@ def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | No
             i, src = i_src
             obj = tmp / f"c{i}" / "source.o"
             done = _run(["g++", "-c", *flags, str(repo / src), "-o", str(obj)], obj.parent, repo)
+            if done.returncode != 0 and "-fopenmp" not in ext.cxx_args:  # as torch builds it:
+                # without OpenMP, its pragmas (and a clause naming what the repository never
+                # defines, PyTorch-Encoding's `num_threads(engine::OpenMP...)`) ignored
+                bare = [f for f in flags if f != "-fopenmp"]
+                done = _run(["g++", "-c", *bare, str(repo / src), "-o", str(obj)], obj.parent, repo)
             if done.returncode != 0:
                 log.info("cpu twin %s: %s does not compile: %s", ext.name, src, done.stderr[-300:])
                 return None

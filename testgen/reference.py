@@ -506,9 +506,9 @@ def _python_branch(refs: RepoRefs, cand: Candidate, paths: list, attempt, reason
         if path is None or not cuda_params:
             continue
         for twin in branch_twins(refs.disc.root, python_name):
-            cpu = bound_function(refs, twin.cpu_binding)
-            cpu_params = refs.params_of(cpu) if cpu else None
-            if cpu_params is None:
+            cpu = bound_function(refs, twin.cpu_binding, cpu_side=True)
+            cpu_params = refs.params_of(cpu) if cpu and cpu != bound else None
+            if cpu_params is None:  # (a binding name both modules define: the CPU one's)
                 continue
             names = pybind_arg_names(refs, twin.cpu_binding)
             args = python_cpu_args(twin, cuda_params, cpu_params, names)

@@ -4,6 +4,7 @@ both calls."""
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,9 +151,10 @@ def test_a_cuda_named_op_runs_its_cpu_twin_the_cpu_build_binds(tmp_path):
 
 
 def test_what_setup_py_writes_into_the_repository_is_skipped(tmp_path):
-    """detectron2's setup.py links its configs into its package before it calls `setup()`; in
-    the read-only sandbox that raised, and no extension was described (no CPU twin, no
-    recorded backward). The refused writes are skipped and the description goes on."""
+    """detectron2's setup.py links its configs into its package before it calls `setup()`,
+    PyTorch-Encoding's writes `encoding/version.py`; in the read-only sandbox that raised, and
+    no extension was described (no CPU twin, no recorded backward). The refused writes are
+    skipped and the description goes on."""
     from conftest import write_tree
 
     repo = write_tree(
@@ -163,6 +165,8 @@ def test_what_setup_py_writes_into_the_repository_is_skipped(tmp_path):
             "here = os.path.dirname(os.path.realpath(__file__))\n"
             "os.makedirs(os.path.join(here, 'pkg', 'made'), exist_ok=True)\n"
             "os.symlink(os.path.join(here, 'configs'), os.path.join(here, 'pkg', 'configs'))\n"
+            "with open(os.path.join(here, 'pkg', 'version.py'), 'w') as f:\n"
+            "    f.write('__version__ = 1')\n"
             "shutil.copy(os.path.join(here, 'setup.py'), os.path.join(here, 'pkg', 'x.py'))\n"
             "setup(name='pkg', ext_modules=[CppExtension('pkg._C', ['pkg/op.cpp'])])\n",
             "pkg/__init__.py": "",
@@ -173,6 +177,7 @@ def test_what_setup_py_writes_into_the_repository_is_skipped(tmp_path):
     (ext,) = capture(repo)
     assert (ext.name, ext.sources) == ("pkg._C", ("pkg/op.cpp",))
     assert not (repo / "pkg" / "configs").exists() and not (repo / "pkg" / "made").exists()
+    assert not (repo / "pkg" / "version.py").exists()
 
 
 def test_a_module_setup_py_imports_and_this_machine_lacks_is_a_stub(tmp_path):
@@ -232,3 +237,38 @@ def test_an_extension_over_the_budget_keeps_its_module_and_cpu_implementations(t
     assert tight is not None and tight.sources == ("csrc/pybind.cpp", "csrc/knn_cpu.cpp")
     no_module = Extension("pkg._ext", ("csrc/cpu/nms.cpp", "csrc/nms.cpp"), (), (), ())
     assert trimmed(repo, no_module, None, 5) is None  # nothing binds what would be built
+
+
+@pytest.mark.slow
+def test_a_source_whose_pragma_needs_what_the_repository_never_defines_builds_as_torch_builds_it(
+    tmp_path,
+):
+    """PyTorch-Encoding's roi_align_cpu.cpp has `#pragma omp parallel for
+    num_threads(engine::OpenMP::Get()->...)` and nothing defines `engine`: torch's build (no
+    -fopenmp in its setup.py) ignores the pragma. With -fopenmp always on, the source was left
+    out of the CPU build, and its functions were stubs that raise."""
+    from conftest import write_tree
+
+    from testgen.cpu_twin import build
+
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "pkg/op.cpp": "#include <torch/extension.h>\n"
+            "at::Tensor twice(at::Tensor x) {\n  auto y = x.clone();\n"
+            "  float* p = y.data_ptr<float>();\n"
+            "#pragma omp parallel for num_threads(engine::OpenMP::Get()->Count())\n"
+            "  for (int i = 0; i < y.numel(); ++i) p[i] *= 2;\n  return y;\n}\n"
+            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }\n',
+        },
+    )
+    ext = Extension("pkg._C", ("pkg/op.cpp",), (), (), ())
+    module = build(repo, ext, tmp_path / "out")
+    assert module is not None
+    check = "import importlib.util as u, sys, torch\n" \
+        "s = u.spec_from_file_location('_C', sys.argv[1]); m = u.module_from_spec(s)\n" \
+        "s.loader.exec_module(m); print(m.twice(torch.ones(3)).tolist())\n"  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", check, str(module)], capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip() == "[2.0, 2.0, 2.0]", out.stderr[-500:]

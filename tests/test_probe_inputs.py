@@ -710,3 +710,24 @@ def test_lists_of_numbers_per_dimension_and_their_coordinates_are_drafted_togeth
     unlinked = SPARSE_GRID.replace("== coorDim", "> 0").replace("<2>", "")
     alone = slots_for(GRID_PARAMS, [(unlinked, names)])
     assert alone[0].facts.fixed_dims == {} and not alone[0].facts.coordinates
+
+
+@pytest.mark.slow
+def test_a_pragma_clause_the_repository_never_compiled_with_openmp_builds_without_it(tmp_path):
+    """PyTorch-Encoding's ROIAlign CPU loop (copied from MXNet) reads `#pragma omp parallel for
+    num_threads(engine::OpenMP::Get()->...)`, and nothing defines `engine`: its setup.py passes
+    no -fopenmp, so torch's build ignores the pragma. Built with -fopenmp only, the reference
+    never built and its op got no drafted calls."""
+    from testgen.probe_inputs import asan_build
+
+    source = tmp_path / "ref.cpp"
+    source.write_text(
+        "#include <torch/extension.h>\n"
+        "at::Tensor reference(at::Tensor x) {\n"
+        "  auto y = x.clone();\n  float* p = y.data_ptr<float>();\n"
+        "#pragma omp parallel for num_threads(engine::OpenMP::Get()->Count())\n"
+        "  for (int i = 0; i < y.numel(); ++i) p[i] *= 2;\n  return y;\n}\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("reference", &reference); }\n'
+    )
+    built = asan_build(source, "kminer_probe_pragma", tmp_path / "out" / "m.so")
+    assert built is not None and built.is_file()

@@ -222,3 +222,64 @@ def test_a_macro_spelled_as_a_member_name_is_a_dependency():
     found = refs_in(code, 0, len(code))
     assert {"DATA_PTR", "HALF_PTR"} <= found
     assert not {"size", "N"} & found
+
+
+SAME_NAMES = {
+    "pkg/__init__.py": "",
+    "pkg/ops.py": "from pkg import cpu, gpu\n\n\n"
+    "def scale(x, alpha):\n"
+    "    if x.is_cuda:\n        return gpu.scale(x, alpha)\n"
+    "    else:\n        return cpu.scale(x, alpha)\n\n\n"
+    "def shift(x, mean, eps):\n"
+    "    if x.is_cuda:\n        return gpu.shift(x, mean, eps)\n"
+    "    else:\n        return cpu.shift(x, mean, eps)  # the CPU side takes no eps: broken\n",
+    "pkg/lib/gpu/ops.cu": """#include <torch/extension.h>
+__global__ void scale_kernel(float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+__global__ void shift_kernel(float* x, const float* m, float eps, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] -= m[i] + eps;
+}
+at::Tensor scale_gpu(at::Tensor x, double alpha) {
+  auto y = x.clone();
+  int n = y.numel();
+  scale_kernel<<<(n + 255) / 256, 256>>>(y.data_ptr<float>(), alpha, n);
+  return y;
+}
+at::Tensor shift_gpu(at::Tensor x, at::Tensor mean, double eps) {
+  auto y = x.clone();
+  int n = y.numel();
+  shift_kernel<<<(n + 255) / 256, 256>>>(y.data_ptr<float>(), mean.data_ptr<float>(), eps, n);
+  return y;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("scale", &scale_gpu);
+  m.def("shift", &shift_gpu);
+}
+""",
+    "pkg/lib/cpu/ops.cpp": """#include <torch/extension.h>
+at::Tensor times(at::Tensor x, double alpha) { return x * alpha; }
+at::Tensor minus(at::Tensor x, at::Tensor mean) { return x - mean; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("scale", &times);
+  m.def("shift", &minus);
+}
+""",
+}
+
+
+def test_a_binding_name_both_modules_define_is_the_cpu_modules_on_the_cpu_side(tmp_path):
+    """PyTorch-Encoding builds `encoding.cpu` and `encoding.gpu`, each binding
+    `batchnorm_forward`: `cpu.batchnorm_forward` was read as the GPU module's function, and
+    BatchNorm_Forward_CUDA became its own reference (a CPU build of it cannot run a kernel).
+    The CPU side is the function the CPU module binds; where that one cannot take the call
+    (its CPU function takes no `eps`) there is no reference, never the CUDA function."""
+    repo = write_tree(tmp_path / "repo", SAME_NAMES)
+    cands, refs = repo_candidates(repo, "scale_kernel", "shift_kernel")
+    scale = locate(cands[0], refs)
+    assert not isinstance(scale, str), scale
+    assert (scale.mechanism, scale.cpu.names[0]) == ("python branch", "times")
+    shift = locate(cands[1], refs)
+    assert isinstance(shift, str) and "shift_gpu" not in shift.split("no test")[0], shift

@@ -928,3 +928,27 @@ def test_poison_fills_the_free_blocks_beside_live_tensors():
     assert bool((fresh.view(torch.uint8) == 0x5A).all()), fresh[:4].tolist()
     assert bool((big == 0x5A).all())
     assert live.sum().item() == 2016.0 and after.sum().item() == 64.0  # live tensors untouched
+
+
+def test_a_label_refusing_the_width_of_integer_tensors_gets_the_same_values_at_its_width():
+    """A case drafted from a CPU side that reads int64 indices (torch-points-kernels'
+    knn_interpolate, reached from other Python than its CUDA op) met a label that checks int32
+    (three_interpolate): on the H100 every case was `invalid`, and the test had none. The same
+    values at the width the label's check names are the same input."""
+    import re
+
+    import torch
+
+    scope = _template_functions("_ints_retyped")
+    scope["re"] = re
+    retyped = scope["_ints_retyped"]
+    idx, feats = torch.tensor([[0, 2, 1]]), torch.randn(1, 3)
+    error = RuntimeError("expected scalar type Int but found Long")
+    narrowed = retyped([feats, idx, 3], error)
+    assert narrowed[1].dtype == torch.int32 and narrowed[1].tolist() == idx.tolist()
+    assert narrowed[0] is feats and narrowed[2] == 3
+    widened = retyped([idx.int()], RuntimeError("expected scalar type Long but found Int"))
+    assert widened[0].dtype == torch.int64
+    assert retyped([feats, idx], RuntimeError("expected scalar type Float but found Long")) is None
+    assert retyped([feats], error) is None  # no tensor of the refused width
+    assert retyped([torch.tensor([2**40])], error) is None  # a value int32 cannot hold
