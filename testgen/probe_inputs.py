@@ -63,6 +63,7 @@ ASAN_OPTIONS = (  # a draft's child ends at its first report: that is its verdic
     "symbolize=0:malloc_context_size=2"
 )
 SEED = 20261127
+RANDOM, TIES, WITHIN = "random", "ties", "within"  # how floating tensors are drafted
 PROBE_ORIGIN = (
     "kminer's probe of the repository's CPU implementation: drafted calls (every size n, "
     "integer tensors holding every value of a range) kept where that implementation, built with "
@@ -180,15 +181,17 @@ def _groups(width: int, n: int, choice: tuple, gen: torch.Generator) -> list[lis
 
 
 def drafts(
-    slots: list[Slot], n: int, agree: bool = False, only: list | None = None
+    slots: list[Slot], n: int, floats: str = RANDOM, only: list | None = None
 ) -> list[tuple[tuple, list]]:
     """(choice indices, arguments) of the drafts at size n, best first: the fewest steps away
-    from each slot's first choice. `agree`: floating tensors hold three values only, so that
-    code acting only where two values are equal (a max-pool's backward writes where the
-    output equals the input) finds ties anywhere the indices lead; and each tensor tries a
-    dimension more first (rows a stride steps over: the code reads only `data_ptr`). `only`:
-    the choice indices wanted, in order (the others are not made)."""
-    options = [_choices(s, n, wider_first=agree) for s in slots]
+    from each slot's first choice. `floats`: how floating tensors are drafted (RANDOM; TIES:
+    three values only, so that code acting only where two values are equal (a max-pool's
+    backward writes where the output equals the input) finds ties anywhere the indices lead,
+    and each tensor tries a dimension more first (rows a stride steps over: the code reads
+    only `data_ptr`); WITHIN: values in [0, n), so a float the code takes as an index (a
+    region's batch column, its corners) stays inside tensors n wide). `only`: the choice
+    indices wanted, in order (the others are not made)."""
+    options = [_choices(s, n, wider_first=floats == TIES) for s in slots]
     out = []
     combos = (  # the wanted ones in the same order, however many steps away
         only
@@ -197,18 +200,18 @@ def drafts(
     )
     for combo in combos:
         gen = torch.Generator().manual_seed(SEED + n)  # the same float data in every draft
-        args, floats = [], iter(_FLOATS * 8)
+        args, numbers = [], iter(_FLOATS * 8)
         for slot, opts, k in zip(slots, options, combo, strict=True):
             if slot.kind == "tensor" and (slot.facts.view or slot.facts.counted is not None):
                 args.append(None)  # made once the numbers its shape or rows read are
             elif slot.kind == "tensor":
-                args.append(_drafted(slot.facts, n, opts[k], gen, agree))
+                args.append(_drafted(slot.facts, n, opts[k], gen, floats))
             elif slot.kind == "intlists":
                 args.append(_groups(slot.width, n, opts[k], gen))
             elif slot.kind == "ints":
                 args.append([opts[k]] * slot.width)
             elif slot.kind == "float":
-                args.append(next(floats))
+                args.append(next(numbers))
             else:
                 args.append(opts[k])
         for i, slot in enumerate(slots):
@@ -218,7 +221,7 @@ def drafts(
             if slot.kind == "tensor" and slot.facts.view:
                 shape = [n if d[0] == "n" else d[1] if d[0] == "literal" else args[d[1]]
                          for d in slot.facts.view]  # fmt: skip
-                args[i] = _drafted(slot.facts, n, opts[k], gen, agree, shape)
+                args[i] = _drafted(slot.facts, n, opts[k], gen, floats, shape)
             elif slot.kind == "tensor" and slot.facts.counted is not None:
                 _, (_, top) = opts[k]  # ("counted", indices below top)
                 width = int(args[slot.facts.counted]) + 1  # n rows of it
@@ -231,9 +234,11 @@ def drafts(
     return out
 
 
-def _drafted(facts, n, choice, gen, agree, shape=None) -> torch.Tensor:
+def _drafted(facts, n, choice, gen, floats, shape=None) -> torch.Tensor:
     made = _tensor(facts, n, choice, gen, shape)
-    if agree and made.is_floating_point():
+    if floats == WITHIN and made.is_floating_point():
+        return (torch.rand(made.shape, generator=gen) * n).to(made.dtype)
+    if floats == TIES and made.is_floating_point():
         ties = torch.randint(-1, 2, made.shape, generator=gen) * 0.5
         made = ties.to(made.dtype)
     return made
@@ -361,15 +366,21 @@ def probed_calls(
     bare = tuple(i for i, s in enumerate(slots) if s.facts and s.facts.resized)
     rank = max((s.facts.ndim for s in slots if s.facts), default=1)
     sizes = SIZES_BY_RANK[min(max(rank, 2), 4)]
-    floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
-    for agree in (False, True):  # then, where no draft wrote, floats with ties
-        flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, agree)]
+    n_floats = sum(s.kind == "tensor" and s.facts.dtype.is_floating_point for s in slots)
+    verdicts: dict = {}
+    for floats in (RANDOM, TIES, WITHIN):
+        if floats == TIES and (n_floats < 2 or "empty" not in verdicts.values()):
+            continue  # ties: where no draft wrote
+        failed = {v.split(":")[0] for v in verdicts.values()}
+        if floats == WITHIN and not failed & {"asan", "raised"}:
+            continue  # floats that may be indices: where drafts read out of bounds or raised
+        flat = [(n, combo, args) for n in sizes for combo, args in drafts(slots, n, floats)]
         verdicts = _verdicts_of(module, name, sizes, flat, bare)
         held: dict = {}  # n -> the arguments of its drafts that ran ok, best first
         for k, (n, _, args) in enumerate(flat):
             if verdicts.get(k) == "ok":
                 held.setdefault(n, []).append(args)
-        if held or floats < 2 or "empty" not in verdicts.values():
+        if held or not n_floats:
             break
     if not held:
         seen = sorted({v.split(":")[0] for v in verdicts.values()})
@@ -380,7 +391,7 @@ def probed_calls(
         more = [
             (t, c, a)
             for t in tiles
-            for c, a in drafts(slots, t, agree, only=_tile_combos(slots, clean, t))
+            for c, a in drafts(slots, t, floats, only=_tile_combos(slots, clean, t))
             if _elements(a) <= MAX_TILE_ELEMENTS
         ]
         tile_verdicts = _verdicts_of(module, name, tiles, more, bare)
@@ -388,7 +399,7 @@ def probed_calls(
             if tile_verdicts.get(k) == "ok":
                 held.setdefault(n, []).append(args)
     taller: dict = {}  # tile size -> its clean drafts with a tensor a row taller
-    grown = _taller([(t, args) for t in tiles for args in held.get(t, [])[:KEEP]], agree)
+    grown = _taller([(t, args) for t in tiles for args in held.get(t, [])[:KEEP]], floats)
     if grown:
         grown_verdicts = _verdicts_of(module, name, tiles, grown, bare)
         for k, (n, _, args) in enumerate(grown):
@@ -423,7 +434,7 @@ def _edges_checked(module: Path, name: str, calls: list[BaseCall], bare: tuple) 
     return calls
 
 
-def _taller(clean: list[tuple[int, list]], agree: bool) -> list[tuple[int, tuple, list]]:
+def _taller(clean: list[tuple[int, list]], floats: str) -> list[tuple[int, tuple, list]]:
     """(tile size, (), arguments): each clean draft at a tile size t with one floating tensor
     of two dimensions or more t + 1 rows tall. Square tensors hide the kernel that takes the
     rows past the last whole tile (SparseConvNet's forwardB, launched on nActive % K rows, never
@@ -437,7 +448,7 @@ def _taller(clean: list[tuple[int, list]], agree: bool) -> list[tuple[int, tuple
                 continue
             gen = torch.Generator().manual_seed(SEED + t + i)
             shape = [t + 1, *a.shape[1:]]  # its floats drafted as every draft's are
-            made = _drafted(TensorFacts(dtypes=[a.dtype]), t, (0, None), gen, agree, shape)
+            made = _drafted(TensorFacts(dtypes=[a.dtype]), t, (0, None), gen, floats, shape)
             out.append((t, (), [*args[:i], made, *args[i + 1 :]]))
     return out
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from testgen.cases import BaseCall, plan
-from testgen.probe_inputs import KEEP, _edges_checked, asan_build, drafts, probed_calls
+from testgen.probe_inputs import KEEP, TIES, _edges_checked, asan_build, drafts, probed_calls
 from testgen.probe_slots import TensorFacts, read_facts, slots_for
 
 LABEL = """
@@ -419,7 +419,7 @@ def test_where_no_draft_wrote_floats_come_with_ties_and_tensors_a_dimension_wide
     params = [("at::Tensor", "x"), ("at::Tensor", "y"), ("int64_t", "stride")]
     code = "f(x.data_ptr<float>(), y.data_ptr<float>(), stride);"
     slots = slots_for(params, [(code, ["x", "y", "stride"])])
-    plain, tied = drafts(slots, 16), drafts(slots, 16, agree=True)
+    plain, tied = drafts(slots, 16), drafts(slots, 16, floats=TIES)
     assert [tuple(a.shape) for a in plain[0][1][:2]] == [(16,), (16,)]
     assert [tuple(a.shape) for a in tied[0][1][:2]] == [(16, 16), (16, 16)]
     for _, args in tied[:10]:
@@ -731,3 +731,34 @@ def test_a_pragma_clause_the_repository_never_compiled_with_openmp_builds_withou
     )
     built = asan_build(source, "kminer_probe_pragma", tmp_path / "out" / "m.so")
     assert built is not None and built.is_file()
+
+
+@pytest.mark.slow
+def test_floats_the_code_takes_as_indices_are_drafted_inside_the_tensors_they_index(tmp_path):
+    """maskrcnn-benchmark's ROIAlign CPU loop (PyTorch-Encoding's copy) casts a region's first
+    column to the batch it reads: drafted at random, every draft's batch was negative and read
+    before the input (314 drafts, all AddressSanitizer reports: no call, no test). Where drafts
+    read out of bounds, floats are drafted again in [0, n)."""
+    reference = tmp_path / "pick.cpp"
+    reference.write_text(
+        "#include <torch/extension.h>\n"
+        "at::Tensor pick(const at::Tensor& input, const at::Tensor& rois) {\n"
+        "  TORCH_CHECK(rois.size(1) == 3);\n"
+        "  auto out = at::zeros({rois.size(0)}, input.options());\n"
+        "  const float* r = rois.data_ptr<float>();\n"
+        "  const float* x = input.data_ptr<float>();\n"
+        "  float* o = out.data_ptr<float>();\n"
+        "  for (int i = 0; i < rois.size(0); ++i) {\n"
+        "    int b = r[i * 3];\n"
+        "    o[i] = x[b * input.size(1)] * r[i * 3 + 1] + r[i * 3 + 2];\n"
+        "  }\n  return out;\n}\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("reference", &pick); }\n'
+    )
+    params = [("const at::Tensor&", "input"), ("const at::Tensor&", "rois")]
+    text = reference.read_text()
+    calls = probed_calls(params, [(text, ["input", "rois"])], reference, tmp_path / "probes")
+    assert isinstance(calls, list) and calls, calls
+    for call in calls:
+        feats, rois = call.args
+        assert rois.shape[1] == 3 and rois.is_floating_point()
+        assert 0 <= rois[:, 0].min() and rois[:, 0].max() < feats.shape[0]
