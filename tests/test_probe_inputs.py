@@ -761,4 +761,4 @@ def test_floats_the_code_takes_as_indices_are_drafted_inside_the_tensors_they_in
     for call in calls:
         feats, rois = call.args
         assert rois.shape[1] == 3 and rois.is_floating_point()
-        assert 0 <= rois[:, 0].min() and rois[:, 0].max() < feats.shape[0]
+        assert rois[:, 0].min() >= 0 and rois[:, 0].max() < feats.shape[0]
