@@ -162,6 +162,15 @@ _STD_HEADER_OF = {
     "cerr": "iostream",
 }
 _STD_USE = re.compile(r"\bstd\s*::\s*(" + "|".join(_STD_HEADER_OF) + r")\b")
+# toolkit and c10 headers whose names code gets through a heavy header a unit leaves out
+# (torch/extension.h brings cuda.h and cuda_bf16.h): flash-fft-conv's `c10::complex<at::Half>`,
+# its `set_value(__nv_bfloat162*, ...)` overloads, `#if CUDA_VERSION >= 9000` picking
+# `__shfl_xor_sync` over the removed `__shfl_xor`
+_HEADER_OF_USE = (
+    (re.compile(r"\bc10\s*::\s*complex\b"), "c10/util/complex.h"),
+    (re.compile(r"\b__nv_bfloat162?\b|\b__float22?bfloat162?_rn\b"), "cuda_bf16.h"),
+    (re.compile(r"\bCUDA_VERSION\b"), "cuda.h"),
+)
 
 
 def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
@@ -169,7 +178,11 @@ def compat_lines(closure: Closure, models: dict[str, FileModel]) -> list[str]:
     again, and the standard headers its code uses without including them."""
     texts = [e.item.source(models[e.item.file].text) for e in closure.entries]
     included = {e.header for e in closure.externals}
-    wanted = {_STD_HEADER_OF[m] for t in texts for m in _STD_USE.findall(t)} - included
+    wanted = {_STD_HEADER_OF[m] for t in texts for m in _STD_USE.findall(t)}
+    wanted |= {h for use, h in _HEADER_OF_USE if any(map(use.search, texts))}
+    if not closure.needs_torch:
+        wanted.discard("c10/util/complex.h")
+    wanted -= included
     lines = [f"#include <{h}>" for h in sorted(wanted)]
     if any(_THRUST_FUNCTIONAL.search(t) for t in texts):
         lines += THRUST_COMPAT.splitlines()

@@ -600,6 +600,34 @@ def test_a_standard_name_torch_used_to_bring_gets_its_header(tmp_path):
 
 
 @needs_nvcc
+def test_names_torch_extension_h_brought_get_their_own_headers_in_a_unit(tmp_path):
+    """flash-fft-conv's kernels read `c10::complex<at::Half>` filters, overload `set_value` on
+    `__nv_bfloat162*` and pick `__shfl_xor_sync` by `#if CUDA_VERSION >= 9000`: torch/extension.h
+    brought c10/util/complex.h, cuda_bf16.h and cuda.h, a unit's lighter includes none of them,
+    and 65 of its 97 units did not compile."""
+    from miner.compile import compile_unit
+
+    (tmp_path / "k.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "using complex_half_t = typename c10::complex<at::Half>;\n"
+        "__device__ __forceinline__ void set_value(__nv_bfloat162* d, float2 s) {\n"
+        "  *d = __float22bfloat162_rn(s);\n}\n"
+        "__device__ __forceinline__ void set_value(float2* d, float2 s) { *d = s; }\n"
+        "template <typename T>\n__device__ __forceinline__ T xor_shfl(T v, int m) {\n"
+        "#if CUDA_VERSION >= 9000\n  return __shfl_xor_sync(0xffffffff, v, m);\n"
+        "#else\n  return __shfl_xor(v, m);\n#endif\n}\n"
+        "__global__ void k(const complex_half_t* f, float2* out, __nv_bfloat162* low) {\n"
+        "  float2 v = make_float2(float(f[threadIdx.x].real()), xor_shfl(1.0f, 1));\n"
+        "  set_value(out + threadIdx.x, v);\n  set_value(low + threadIdx.x, v);\n}\n"
+    )
+    (text,) = unit_texts(tmp_path, "k")
+    for header in ("c10/util/complex.h", "cuda_bf16.h", "cuda.h"):
+        assert f"#include <{header}>" in text
+    assert "torch/extension.h" not in text
+    assert compile_unit(text, True, []).status.value == "ok"
+
+
+@needs_nvcc
 def test_a_pulsar_like_header_kernel_keeps_its_operators_and_restrict_parameters(tmp_path):
     """pytorch3d's pulsar renderer: `a.cam == b.cam` inside `operator==(Renderer, Renderer)`
     needs CamInfo's own operator==, which libclang's reach from the kernel dropped (3 operators
