@@ -113,8 +113,8 @@ def read_facts(
     for m in re.finditer(member + r"\w*accessor\w*\s*<\s*([^,<>]+?)\s*,\s*(\d+)", code):
         _note(facts, _dtype_of(m[1], aliases), m[1])
         facts.rank = max(facts.rank, int(m[2]))
-    for m in re.finditer(member + r"size\s*\(\s*(\d+)\s*\)", code):
-        facts.rank = max(facts.rank, int(m[1]) + 1)
+    for m in re.finditer(member + r"size\s*\(\s*(-?)\s*(\d+)\s*\)", code):  # size(-2): two
+        facts.rank = max(facts.rank, int(m[2]) + (0 if m[1] else 1))  # dims at least
     for m in re.finditer(member + r"stride\s*\(\s*(\d+)\s*\)", code):  # steps over dim k
         facts.rank = max(facts.rank, int(m[1]) + 2)  # to reach dim k + 1 (a row's stride)
     if re.search(member + r"eq\s*\(\s*0\s*\)\s*\.\s*all\s*\(", code):

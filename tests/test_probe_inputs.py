@@ -71,6 +71,12 @@ def test_the_code_says_each_tensors_dtype_rank_and_checked_sizes():
     # rows of eight read from a pointer stepped by a literal: the last dimension is 8
     assert facts["nbr"].row == 8 and facts["nbr"].shape(5, 0) == [5, 8]
     assert facts["p"].row is None and facts["p"].shape(5, 0) == [5]  # a product, no row width
+    # a size counted from the end (PyTorch-Encoding's rectify: `output.size(-2)`) needs as many
+    out = TensorFacts()
+    read_facts(
+        "const int64_t h = output.size(-2); const int64_t w = output.size( -1 );", "output", out
+    )
+    assert out.ndim == 2
 
 
 def test_rows_read_through_a_pointer_to_the_data_fix_the_last_dimension():
