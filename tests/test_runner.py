@@ -952,3 +952,29 @@ def test_a_label_refusing_the_width_of_integer_tensors_gets_the_same_values_at_i
     assert retyped([feats, idx], RuntimeError("expected scalar type Float but found Long")) is None
     assert retyped([feats], error) is None  # no tensor of the refused width
     assert retyped([torch.tensor([2**40])], error) is None  # a value int32 cannot hold
+
+
+def test_the_kernels_timing_runs_at_the_width_its_cases_ran():
+    """On the H100 torch-points-kernels' three_interpolate ran its cases at the width it checks,
+    then `crash` came from the timing call, which still passed the drafted int64 indices."""
+    import re
+    import statistics
+    import types
+
+    import torch
+
+    scope = _template_functions("_ints_retyped", "_prepare", "_kernel_time_us")
+    scope.update(re=re, statistics=statistics, DEVICE="cpu", FUNCTION="interpolate", LARGE=1000)
+    seen = []
+
+    def interpolate(features, idx):
+        if idx.dtype != torch.int32:
+            raise RuntimeError("expected scalar type Int but found Long")
+        seen.append(idx.dtype)
+        return features[idx.long()]
+
+    label = types.SimpleNamespace(interpolate=interpolate)
+    base = [[torch.randn(4), torch.tensor([0, 3, 1])]]
+    case = {"id": "generated_0", "base": 0, "dtype": None, "edge": None}
+    scope["_kernel_time_us"](label, base, case, reps=2)  # (no CUDA events: no time on the CPU)
+    assert seen and set(seen) == {torch.int32}
