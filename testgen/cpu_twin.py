@@ -137,6 +137,17 @@ def _torch_libs() -> list[str]:
     return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
 
 
+def built_as_torch_builds(argv: list[str], run, asked: bool = False) -> sandbox.Result:
+    """`run(argv)`, and where that fails, once more without -fopenmp, as torch's own build
+    compiles a repository that did not ask for it (`asked`): its OpenMP pragmas ignored, and
+    with them a clause naming what the repository never defines (PyTorch-Encoding's ROIAlign,
+    copied from MXNet: `num_threads(engine::OpenMP::Get()->...)`)."""
+    done = run(argv)
+    if done.returncode != 0 and not asked and "-fopenmp" in argv:
+        done = run([a for a in argv if a != "-fopenmp"])
+    return done
+
+
 def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | None:
     """`ext` as a loadable module under `out_dir` (None when no source compiles or it does not
     link); a source that fails to compile is left out and its functions become stubs."""
@@ -148,12 +159,9 @@ def build(repo: Path, ext: Extension, out_dir: Path, jobs: int = 2) -> Path | No
         def compile_one(i_src):
             i, src = i_src
             obj = tmp / f"c{i}" / "source.o"
-            done = _run(["g++", "-c", *flags, str(repo / src), "-o", str(obj)], obj.parent, repo)
-            if done.returncode != 0 and "-fopenmp" not in ext.cxx_args:  # as torch builds it:
-                # without OpenMP, its pragmas (and a clause naming what the repository never
-                # defines, PyTorch-Encoding's `num_threads(engine::OpenMP...)`) ignored
-                bare = [f for f in flags if f != "-fopenmp"]
-                done = _run(["g++", "-c", *bare, str(repo / src), "-o", str(obj)], obj.parent, repo)
+            argv = ["g++", "-c", *flags, str(repo / src), "-o", str(obj)]
+            asked = "-fopenmp" in ext.cxx_args
+            done = built_as_torch_builds(argv, lambda a: _run(a, obj.parent, repo), asked)
             if done.returncode != 0:
                 log.info("cpu twin %s: %s does not compile: %s", ext.name, src, done.stderr[-300:])
                 return None

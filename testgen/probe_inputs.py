@@ -42,7 +42,7 @@ import torch
 
 from miner import sandbox, toolchain
 from testgen.cases import EDGES, BaseCall, with_edge
-from testgen.cpu_twin import COMPILE_LIMITS
+from testgen.cpu_twin import COMPILE_LIMITS, built_as_torch_builds
 from testgen.probe_slots import Slot, TensorFacts, slots_for
 from testgen.standalone import PROBE
 from testgen.tile_sizes import sizes_at_rank
@@ -303,13 +303,9 @@ def asan_build(source: Path, name: str, out: Path) -> Path | None:
     with tempfile.TemporaryDirectory(prefix="kminer-asan-") as tmp:
         so = Path(tmp) / "module.so"
         argv = ["g++", *flags, str(source), "-o", str(so), *libs]
-        done = sandbox.run(argv, COMPILE_LIMITS, cwd=Path(tmp), readable=[source.parent])
-        if done.returncode != 0 and "-fopenmp" in argv:
-            # a pragma's clause the repository never compiled (its setup.py passes no
-            # -fopenmp, so torch's build ignores `#pragma omp ... num_threads(engine::...)`,
-            # PyTorch-Encoding's ROIAlign copied from MXNet): built as the tests build it
-            argv.remove("-fopenmp")
-            done = sandbox.run(argv, COMPILE_LIMITS, cwd=Path(tmp), readable=[source.parent])
+        done = built_as_torch_builds(
+            argv, lambda a: sandbox.run(a, COMPILE_LIMITS, cwd=Path(tmp), readable=[source.parent])
+        )
         if done.returncode != 0 or not so.is_file():
             log.info("%s does not build with ASan: %s", source.name, done.stderr[-300:])
             return None

@@ -963,7 +963,9 @@ def test_the_kernels_timing_runs_at_the_width_its_cases_ran():
 
     import torch
 
-    scope = _template_functions("_ints_retyped", "_prepare", "_kernel_time_us")
+    scope = _template_functions(
+        "_ints_retyped", "_on_device", "_label_call", "_prepare", "_kernel_time_us"
+    )
     scope.update(re=re, statistics=statistics, DEVICE="cpu", FUNCTION="interpolate", LARGE=1000)
     seen = []
 
