@@ -23,9 +23,10 @@ import re
 
 from testgen.argmap import call_args
 from testgen.carry import Unmappable, bind_call
-from testgen.grad_reference import _role, forward_of
+from testgen.grad_reference import _role
 from testgen.inputs import RecordedCall
 from testgen.interp import evaluate, run_statements
+from wrappers.through_forward import forward_of
 
 MAX_CALLS = 16
 DEPTH = 3  # `return f(...)` followed this many functions down

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from miner.candidate import Candidate, Reason, Reference, StageName, StageResult, Status, Tests
 from testgen.backward_calls import backward_calls
+from testgen.behind_forward import behind_forward
 from testgen.caller_sorts import caller_sorts
 from testgen.carry import Unmappable, carry_down, public_names
 from testgen.cases import (
@@ -27,7 +28,7 @@ from testgen.cases import (
     label_dtypes,
     plan,
 )
-from testgen.grad_reference import find_grad_reference, is_backward
+from testgen.grad_reference import find_grad_reference
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
 from testgen.made_inputs import (
@@ -53,6 +54,7 @@ from testgen.standalone import REFCHECK
 from testgen.testcode import order_free_reason, render_test
 from testgen.tile_sizes import tile_sizes
 from testgen.variants import VariantKind, derive_variants
+from wrappers.through_forward import is_backward
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +251,8 @@ def generate_for(
     `llm` (client, store, max_attempts) writes a reference where the repository has none."""
     start = time.perf_counter()
     cand.clear_stage(StageName.VERIFY)  # whatever comes out, the last verdict was on other tests
-    found = find_reference(cand, Path(refs.disc.root), workdir, refs)
+    behind = cand.wrapper.op_map.get("through_forward")  # the label runs it behind its forward
+    found = find_reference(cand, Path(refs.disc.root), workdir, refs) if not behind else ""
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
     names = public_names(cand) or list(recorded)
@@ -262,7 +265,11 @@ def generate_for(
         return
     function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     sig = exposed_params(refs, function, label_text)
-    if isinstance(found, str):  # the repository's PyTorch function its tests compare with
+    behind_base: list = []
+    if behind:  # autograd through the forward's PyTorch function (testgen.behind_forward)
+        got = behind_forward(cand, refs, recorded, label_text, workdir)
+        found, behind_base = (got, []) if isinstance(got, str) else got
+    elif isinstance(found, str):  # the repository's PyTorch function its tests compare with
         mined = _python_reference(cand, refs, recorded, python_fn, function, label_text, workdir)
         if isinstance(mined, str):
             found = f"{found}; {mined}"
@@ -273,7 +280,7 @@ def generate_for(
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)
         return
     source, made_by, inputs_tried = "mined", "", False
-    if not calls and is_backward(python_fn):  # tests reach it only through autograd
+    if not calls and is_backward(python_fn) and not behind:  # only through autograd
         derived_calls = backward_calls(python_fn, recorded, refs)
         if isinstance(derived_calls, list):
             calls, source = derived_calls, "forward"
@@ -283,13 +290,14 @@ def generate_for(
     if not calls and python_fn:  # an op nobody calls, beside one that takes the same
         calls = sibling_calls(refs, python_fn, recorded)
         source = "sibling" if calls else source
-    base, why = base_calls(cand, calls, refs)
+    base, why = (behind_base, []) if behind else base_calls(cand, calls, refs)
+    source = "forward" if behind else source
     if len(base) > 1 and not isinstance(found, str) and found.kind == "python":
         base, outside = _within_reference(base, (workdir / found.path).read_text("utf-8"))
         why += outside
-    if not base:  # reached through a C++ autograd Function's backward (spline_basis_bw)
+    if not base and not behind:  # reached through a C++ autograd Function's backward
         base, source = _backward_on_chain(cand, recorded, refs, python_fn) or (base, source)
-    if not base:
+    if not base and not behind:
         inputs_tried = llm is not None
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
         if not base:

@@ -32,41 +32,14 @@ from testgen.python_reference import (
 from testgen.sandbox import run_checker
 from testgen.standalone import REFRUN
 from testgen.vendor import vendor_function
+from wrappers.through_forward import forward_of
 
 RUN_TIMEOUT_S = 180.0
 MAX_CALLS = 24
-# Lua torch's names live on in older extensions (SparseConvNet: `X_updateOutput`, `X_backward`,
-# `X_updateGradInput`, `X_accGradParameters`)
-_BACKWARD = {"backward", "bwd", "bw", "grad", "updategradinput", "accgradparameters"}
-_DIRECTION = _BACKWARD | {"forward", "fwd", "fw", "updateoutput"}
 _GRAD_OF = re.compile(r"^(?:grad_?|d_?)(?P<a>\w+)$|^(?P<b>\w+?)_?grad$")
 _OUTPUT_GRAD = re.compile(r"grad|^d_?(?:out|y|top)", re.I)
 _OPTIONAL = re.compile(r"\boptional\b")  # c10::optional<at::Tensor>, std::optional<...>
 MIN_WITHOUT_OPTIONALS = 4  # forward calls made without their optional tensors, even at MAX_CALLS
-
-
-def _stem(name: str) -> tuple[str, bool]:
-    """The op's name without its direction, and whether the name says backward."""
-    words = name.lower().split("_")
-    back = any(w in _BACKWARD for w in words)
-    return "_".join(w for w in words if w not in _DIRECTION), back
-
-
-def is_backward(binding: str) -> bool:
-    return bool(binding) and _stem(binding)[1]
-
-
-def forward_of(binding: str, names) -> str | None:
-    """The forward binding of a backward one among `names` (`x_backward` → `x_forward`, `x`)."""
-    stem, back = _stem(binding)
-    if not back:
-        return None
-    found = [n for n in sorted(set(names)) if n != binding and _stem(n) == (stem, False)]
-    if not found:  # `spline_weighting_bw_x`: the gradient for the forward's `x`
-        words = binding.lower().split("_")
-        before = "_".join(words[: next(i for i, w in enumerate(words) if w in _BACKWARD)])
-        found = [n for n in sorted(set(names)) if n != binding and _stem(n) == (before, False)]
-    return found[0] if found else None
 
 
 def _bare(name: str) -> str:

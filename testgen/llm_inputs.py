@@ -24,7 +24,9 @@ from wrappers.llm.client import LLMClient
 TEMPLATE = "llm_inputs.v1.j2"
 CHECK_TIMEOUT_S = 120.0
 MAX_REFERENCE = 6000  # characters of the reference shown to the model
-_INTEGRAL = re.compile(r"\b(?:int|long|short|unsigned|signed|size_t|u?int\d+_t|char)\b")
+_INTEGRAL = re.compile(
+    r"\b(?:int|long|short|unsigned|signed|size_t|u?int\d+_t|char|uint|ushort|ulong)\b"
+)
 
 
 def param_kind(type_text: str) -> str:

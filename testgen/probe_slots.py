@@ -26,7 +26,7 @@ from wrappers.adapter import aliases as type_aliases
 _DTYPES = {  # made_inputs' C types, and those only a probe meets (flags, bytes, unsigned)
     **C_DTYPES, "unsigned": torch.int32, "uint32_t": torch.int32, "Half": torch.float16,
     "bool": torch.bool, "uint8_t": torch.uint8, "int8_t": torch.int8, "int16_t": torch.int16,
-    "short": torch.int16,
+    "short": torch.int16, "uint": torch.int32, "ushort": torch.int16,
 }  # fmt: skip
 _SCALAR_NAMES = {
     "Int": torch.int32, "Long": torch.int64, "Float": torch.float32, "Double": torch.float64,

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from miner.discover import discover
-from testgen.grad_reference import find_grad_reference, forward_of
+from testgen.grad_reference import find_grad_reference
 from testgen.inputs import record_repo_calls
 from testgen.python_reference import adapter, find_python_reference, pair
 from testgen.reference import RepoRefs
 from testgen.vendor import vendor_function
+from wrappers.through_forward import forward_of
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pyrefrepo"
 HOST = [

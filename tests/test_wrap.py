@@ -39,6 +39,8 @@ def opchain():
         ("cudaStream_t", False),
         ("tv::TensorView<float>", False),
         ("const int", True),
+        ("uint", True),  # the POSIX spellings (flash-fft-conv: `uint padding`)
+        ("const ushort", True),
     ],
 )
 def test_bindable_types(type_text, ok):

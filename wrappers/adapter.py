@@ -23,7 +23,7 @@ from wrappers.staging import staging
 
 _INTEGRAL = frozenset(
     "int int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t long short unsigned "
-    "size_t char long long unsigned int unsigned long".split()
+    "size_t char long long unsigned int unsigned long uint ushort ulong".split()
 )
 _FLOATING = frozenset({"float", "double"})
 _STREAM = frozenset({"cudaStream_t", "at::cuda::CUDAStream", "c10::cuda::CUDAStream"})

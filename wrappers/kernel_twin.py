@@ -36,7 +36,7 @@ _CPU_ENDINGS = ("_cpu", "_cpu_kernel", "CPU", "Cpu", "_cpu_impl")
 # names a launch configuration may use besides the kernel's parameters and the code's own
 # macros, functions and constants
 _LANGUAGE = frozenset(
-    "double float int long unsigned short char bool size_t int64_t int32_t uint32_t uint64_t "
+    "double float int long unsigned short char bool size_t int64_t int32_t uint32_t uint64_t uint "
     "static_cast const sizeof ceil floor ceilf floorf min max std at c10 dim3 scalar_t true "
     "false".split()
 )

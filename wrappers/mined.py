@@ -305,9 +305,14 @@ def _holds(closure: Closure, fk: FoundKernel) -> bool:
 
 
 def mine_wrapper(
-    fk: FoundKernel, extractor: Extractor, index: LauncherIndex, dtypes: tuple[str, ...] = ()
+    fk: FoundKernel,
+    extractor: Extractor,
+    index: LauncherIndex,
+    dtypes: tuple[str, ...] = (),
+    also: Item | None = None,
 ) -> MinedWrapper | None:
-    """`dtypes`: what the kernel's unit compiled with (an adapter instantiates only those)."""
+    """`dtypes`: what the kernel's unit compiled with (an adapter instantiates only those);
+    `also`: another host function the label holds too (a backward's forward)."""
     disc = extractor.disc
     for launcher in launcher_candidates(fk, disc, index):
         found = exposed_for(launcher, index)
@@ -323,6 +328,8 @@ def mine_wrapper(
             if not _holds(other, fk):
                 continue
             link_before(closure, other, root)
+        if also is not None:
+            link_before(closure, _closure(also, extractor, _gpu_side(also, disc.models)), root)
         link_specializations(closure, extractor, root, GPU_SOURCE)
         _link_declared(closure, extractor, root)
         fill_defaults(closure, lambda it: _spans(disc.models[it.file], it))

@@ -62,26 +62,32 @@ def _callers_up(chain: list[str], callers: dict[str, list[Item]], disc: Discover
     return names
 
 
+def binding_names(disc: Discovery) -> dict[str, str]:
+    """C++ function → the name Python calls it by (`m.def("name", &fn)`, `.op("ns::name",
+    &fn)`), read once per discovery."""
+    out = getattr(disc, "_binding_names", None)
+    if out is None:
+        out = {}
+        for model in disc.models.values():
+            for marker, pattern in (("m.def", _PYDEF), (".op", _REGOP)):
+                if marker in model.code:  # names are string literals: read the text
+                    found = pattern.finditer(model.text)
+                    out.update({m.group(2).split("::")[-1]: m.group(1) for m in found})
+        disc._binding_names = out  # type: ignore[attr-defined]
+    return out
+
+
 def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
     """Everything known about the op around `chain` (launcher first, exposed function last)."""
     functions = functions_by_name(disc)
     names = _callers_up(chain, callers, disc)
     registrations = []
-    bindings = {}
     for rel, model in disc.models.items():
-        code = model.code
-        if "REGISTER_" in code:
+        if "REGISTER_" in model.code:
             registrations += [
-                (m.group(2), m.group(3), m.group(4), rel) for m in _REGISTER.finditer(code)
+                (m.group(2), m.group(3), m.group(4), rel) for m in _REGISTER.finditer(model.code)
             ]
-        if "m.def" in code:  # names are string literals: read the text, not the blanked code
-            bindings.update(
-                {m.group(2).split("::")[-1]: m.group(1) for m in _PYDEF.finditer(model.text)}
-            )
-        if ".op" in code:
-            bindings.update(
-                {m.group(2).split("::")[-1]: m.group(1) for m in _REGOP.finditer(model.text)}
-            )
+    bindings = binding_names(disc)
     result: dict = {"launcher": chain[0] if chain else "", "chain": names}
     for key, device, fn, rel in registrations:
         if fn in names and device.upper() == "CUDA":

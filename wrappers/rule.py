@@ -26,6 +26,8 @@ INTEGRAL = frozenset(
         "long long",
         "uint32_t",
         "uint64_t",
+        "uint",
+        "ulong",
     }
 )
 FLOATS = frozenset({"float", "double"})

@@ -14,7 +14,7 @@ from miner.textprep import split_top
 _SCALARS = frozenset(
     """
 int int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t long short unsigned signed
-size_t float double bool char void
+size_t float double bool char void uint ushort ulong
 """.split()
 )
 _TENSORS = frozenset({"Tensor", "at::Tensor", "torch::Tensor"})

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from miner.candidate import Candidate, Reason, StageName, StageResult, Status
 from miner.extract import Extractor
 from miner.stage import Done, RunContext, Stage
+from wrappers import through_forward
 from wrappers.build import BuildResult, build_batch
 from wrappers.kernel_twin import find_twin, has_twin, kernel_adapter
 from wrappers.label import Exposed, Label, render_label, unit_parts, with_wrapper_includes
@@ -111,6 +112,7 @@ def _mined_label(ctx: RunContext, cand: Candidate, extractor, index) -> Label | 
     cand.wrapper.launcher = mined.chain[0]
     cand.wrapper.chain = mined.chain
     cand.wrapper.op_map = op_map(ctx.discovery, mined.chain, index.callers)
+    mined = _behind_forward(ctx, cand, mined, extractor, index, compiled) or mined
     return render_label(
         strategy="mined",
         launcher=mined.chain[-1],
@@ -120,6 +122,37 @@ def _mined_label(ctx: RunContext, cand: Candidate, extractor, index) -> Label | 
         functions=mined.functions(),
         **_label_facts(cand),
     )
+
+
+def _behind_forward(ctx: RunContext, cand: Candidate, mined, extractor, index, compiled):
+    """The mined label with the backward's forward and kminer's glue beside it, where the
+    backward takes what only its forward computes (wrappers.through_forward); else None."""
+    fk = ctx.found[cand.id]
+    found = through_forward.plan(cand, cand.wrapper.op_map, mined.exposed[0], ctx.discovery,
+                                 index, ctx.found)  # fmt: skip
+    if found is None:
+        return None
+    item, chain, fwd_map, flow = found
+    fwd_sig = index.signature(item)
+    made = through_forward.glue(flow, fwd_sig, mined.exposed[0]) if fwd_sig else None
+    both = mine_wrapper(fk, extractor, index, compiled, also=item) if made else None
+    if both is None:
+        return None
+    sig, code = made
+    both.code = f"{both.code}\n\n{code}"
+    both.exposed = [sig, *both.exposed]  # the glue first: the function its test calls
+    cand.wrapper.op_map["through_forward"] = {
+        "function": sig.name,
+        "forward": flow.forward,
+        "flow_file": flow.file,
+        "gradients": [k for k, _ in flow.gradients],  # the Function's arguments, in order
+        "forward_call": [list(s) for s in flow.forward_call],
+        "out_grads": [p[1].removeprefix("kminer_grad_") for p in sig.params[len(fwd_sig.params) :]],
+        "forward_wrapper": {
+            "launcher": chain[0], "chain": chain, "functions": [fwd_sig.name], "op_map": fwd_map,
+        },
+    }  # fmt: skip
+    return both
 
 
 def _twin_label(ctx: RunContext, cand: Candidate, index, functions) -> Label | None:

@@ -1,0 +1,177 @@
+"""The reference and cases of a backward run behind its forward (wrappers.through_forward).
+
+The label's glue takes the forward's arguments and the gradients of the forward's outputs, runs
+the forward host function, then the backward one on its results, and returns the gradients the
+autograd Function returns. Its reference is autograd through the repository's PyTorch function
+that the tests compare the forward with (the pairing testgen.python_reference finds for the
+forward binding), so the backward kernel is checked against the gradient of the op it belongs
+to; its cases are the forward's recorded calls, each with a seeded gradient shaped like the
+reference's output. The forward kernels run in every case but are not the candidate: a wrong
+variant changes only the backward's kernel, and the forward has its own row.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from testgen.carry import Unmappable, carry_down, defined_name
+from testgen.cases import MAX_ELEMENTS, BaseCall, embeddable
+from testgen.grad_reference import _binding_args, _forward_calls, _run
+from testgen.inputs import RecordedCall, RefCall
+from testgen.python_reference import _pair_all, adapter, checked_reference, pair
+from testgen.vendor import vendor_function
+
+CASE_SHARE = 4  # a case's forward call takes at most this share of a test file's elements
+
+
+def _forward_cand(cand, info: dict):
+    """The candidate as its forward's chain sees it: what carries a forward call down."""
+    fwd = copy.deepcopy(cand)
+    w = info["forward_wrapper"]
+    fwd.wrapper.launcher, fwd.wrapper.chain = w["launcher"], list(w["chain"])
+    fwd.wrapper.functions, fwd.wrapper.op_map = list(w["functions"]), dict(w["op_map"])
+    return fwd
+
+
+def _code(body: str, p, fwd: list[str], grads: list[int], wanted: list[int]) -> str:
+    """The forward, its adapter, `kminer_forward(*forward args)` (its outputs by the binding's
+    output order, None where it gives none or raises) and `kminer_behind(<forward args>,
+    <gradients>)`: the gradients of the forward arguments `wanted`, from autograd."""
+    names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
+    n_out = len(p.outputs)
+    return "\n".join(
+        [
+            body,
+            adapter(p, fwd, name="_forward"),
+            "",
+            "",
+            "def kminer_forward(*fargs):",
+            "    try:",
+            "        returned = _forward(*fargs)",
+            "    except Exception:  # a call the reference cannot take: no case",
+            f"        return [None] * {n_out}",
+            "    returned = list(returned) if isinstance(returned, (list, tuple)) else (",
+            "        [] if returned is None else [returned])",
+            f"    covered = {[bool(t) and t[0] == 'return' for t in p.outputs]!r}",
+            "    return [returned.pop(0) if c and returned else None for c in covered]",
+            "",
+            "",
+            "# kminer: the glue's gradients are autograd of the forward above (torch.autograd).",
+            f"def kminer_behind({', '.join(names)}):",
+            f"    fargs = [{', '.join(fwd)}]",
+            f"    grads = [{', '.join(f'kminer_grad_{j}' for j in grads)}]",
+            f"    for k in {wanted!r}:",
+            "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
+            "    with torch.enable_grad():",
+            "        outs = kminer_forward(*fargs)",
+            f"        pairs = [(outs[j], g) for j, g in zip({grads!r}, grads)",
+            "                 if outs[j] is not None and outs[j].requires_grad]",
+            "        if not pairs:",
+            "            raise RuntimeError('kminer: no output of the forward function is"
+            " differentiable in torch')",
+            "        found = torch.autograd.grad([o for o, _ in pairs],",
+            f"            [fargs[k] for k in {wanted!r}], [g.to(o.dtype) for o, g in pairs],",
+            "            allow_unused=True)",
+            "    return [g.detach() if g is not None else torch.zeros_like(fargs[k])",
+            f"            for k, g in zip({wanted!r}, found)]",
+            "",
+        ]
+    )
+
+
+def _small(args: list, names: list[str]) -> list | None:
+    """The call, or its first rows, within the share of a test file a case may take."""
+    import torch
+
+    size = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+    if size * CASE_SHARE <= MAX_ELEMENTS:
+        return args
+    rows = max(1, int(next(iter(a.shape[0] for a in args if isinstance(a, torch.Tensor)), 1)
+                      * MAX_ELEMENTS / (CASE_SHARE * max(size, 1))))  # fmt: skip
+    cut = [a[:rows] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] > rows else a
+           for a in args]  # fmt: skip
+    _, fitted = embeddable(cut, names)
+    return fitted
+
+
+def behind_forward(cand, refs, recorded, label_text: str, workdir: Path):
+    """(Reference, base calls) for the glue a backward's label exposes, or why there is none."""
+    import torch
+
+    from testgen.made_inputs import exposed_params
+
+    info = cand.wrapper.op_map["through_forward"]
+    forward, glue = info["forward"], info["function"]
+    repo = Path(refs.disc.root)
+    fwd_def = defined_name(refs, forward)
+    fwd = refs.params_of(fwd_def)
+    item = refs.definition(fwd_def)
+    sig = refs.signature(item) if item else None
+    host = exposed_params(refs, glue, label_text)
+    if not fwd or sig is None or host is None:
+        return f"{forward} or the glue {glue} has no signature to pair"
+    grads = [int(j) for j in info["out_grads"]]
+    # the Function's k-th argument is the forward binding's at the position it is passed
+    call = [tuple(s) for s in info["forward_call"]]
+    wanted = [call.index(("arg", k)) for k in info["gradients"] if ("arg", k) in call]
+    if not wanted:
+        return f"the gradients the Function returns are of no argument {forward} takes"
+    fwd_cand = _forward_cand(cand, info)
+    problems = []
+    binding_args = lambda c: _binding_args(c, refs)  # noqa: E731
+    for p in pair(getattr(recorded, "refs", []), forward, repo, sig.returns, binding_args)[:2]:
+        if any(j >= len(p.outputs) or not p.outputs[j] or p.outputs[j][0] != "return"
+               for j in grads):  # fmt: skip
+            problems.append(f"{p.function} does not compute the outputs the backward is given")
+            continue
+        body = vendor_function(repo, p.file, p.function)
+        if body.startswith("!"):
+            problems.append(f"{p.function}: {body[1:]}")
+            continue
+        code = _code(body, p, fwd, grads, wanted)
+        calls = [c for c in _forward_calls(recorded.get(forward, []), p, refs)]
+        small = [(c, a) for c in calls if (a := _small(c.args, fwd)) is not None]
+        outs = _run(code, "kminer_forward", [a for _, a in small], "the forward")
+        if isinstance(outs, str):
+            problems.append(f"{p.function}: {outs}")
+            continue
+        made = []
+        for seed, ((c, fargs), o) in enumerate(zip(small, outs, strict=True)):
+            if any(o[j] is None or not o[j].is_floating_point() for j in grads):
+                continue
+            gen = torch.Generator().manual_seed(seed)
+            g = [torch.randn(o[j].shape, generator=gen, dtype=torch.float64).to(o[j].dtype)
+                 for j in grads]  # fmt: skip
+            made.append((c, fargs, g))
+        expected = _run(code, "kminer_behind", [[*f, *g] for _, f, g in made], "its gradient")
+        if isinstance(expected, str) or not made:
+            problems.append(f"{p.function}: {expected or 'no forward call it computes'}")
+            continue
+        bound, base = [], []
+        names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
+        for (c, fargs, g), result in zip(made, expected, strict=True):
+            try:
+                fwd_call = RecordedCall(forward, fargs, {}, c.test_file)
+                host_args = carry_down(fwd_call, fwd_cand, refs)
+            except Unmappable:
+                continue
+            glue_args = [*host_args, *g]
+            values = dict(zip(names, [*fargs, *g], strict=True))
+            ref = RefCall("kminer_behind", p.file, list(values.values()), {}, result)
+            bound.append((RecordedCall(glue, glue_args, {}, c.test_file), ref, values))
+            how = "a seeded gradient of its output"
+            base.append(BaseCall(glue_args, c.test_file, call=fwd_call, derived=how))
+        returns = "std::vector<at::Tensor>"
+        back = _pair_all(bound, p.file, "kminer_behind", returns) if bound else None
+        if back is None:
+            problems.append(f"{p.function}: its gradients do not map onto {glue}'s arguments")
+            continue
+        code += adapter(back, [n for _, n in host], helpers=False)
+        hosts = [b.args for b in base if back.covers(b.args)]
+        ref = checked_reference(cand, code, back, host, workdir, hosts, f"autograd of {p.function}")
+        if isinstance(ref, str):
+            problems.append(f"the gradient of {p.function}: {ref}")
+            continue
+        return ref, [b for b in base if back.covers(b.args)]
+    return "; ".join(problems)[:600] or f"no PyTorch function the tests pair with {forward}"

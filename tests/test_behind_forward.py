@@ -1,0 +1,139 @@
+"""A backward that takes what only its forward computes is labelled and tested behind it."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from miner.candidate import StageName, Status
+from miner.discover import discover
+from miner.store import Store
+from testgen.generate import generate_for
+from testgen.inputs import record_repo_calls
+from testgen.reference import RepoRefs
+from wrappers.autograd_flow import find_flow
+from wrappers.signature import parse_signature
+from wrappers.through_forward import glue
+
+FIXTURE = Path(__file__).parent / "fixtures" / "segrepo"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory):
+    """The fixture repository mined up to its labels (no build: nvcc is not needed here)."""
+    tmp = tmp_path_factory.mktemp("seg")
+    repo, work = tmp / "repo", tmp / "work"
+    shutil.copytree(FIXTURE, repo)
+    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
+    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
+    store = Store.open(work)
+    try:
+        cands = {c.kernel.name: c for c in store.iter_candidates()}
+    finally:
+        store.close()
+    return repo, work, cands
+
+
+def test_the_functions_flow_says_which_forward_result_each_backward_argument_is():
+    flow = find_flow(FIXTURE, "segment_mean_forward", "segment_mean_backward")
+    assert flow is not None and flow.file == "segops/ops.py"
+    assert flow.forward_call == [("arg", 0), ("arg", 1)]  # feats.contiguous() is feats
+    # zeros_like(feats), the gradient of the Function's output (result 0), then results 1, 2
+    assert flow.backward_call == [("zeros", ("arg", 0)), ("out_grad", 0), ("result", 1),
+                                  ("result", 2)]  # fmt: skip
+    assert flow.gradients == [(0, ("buffer", 0))]  # feats' gradient is the zeroed buffer
+    assert flow.needs_results() == [2, 3]
+
+
+def test_a_flow_through_context_attributes_and_a_one_line_unpacking(tmp_path):
+    (tmp_path / "op.py").write_text(
+        "class F(Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x, mode=1):\n"
+        "        out, saved, *rest = ext.op_fwd(x, mode)\n"
+        "        ctx.mode = mode\n"
+        "        ctx.save_for_backward(saved)\n"
+        "        return out\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, dout):\n"
+        "        (saved,) = ctx.saved_tensors\n"
+        "        dx = ext.op_bwd(dout, saved, ctx.mode, False)\n"
+        "        return dx, None\n"
+    )
+    flow = find_flow(tmp_path, "op_fwd", "op_bwd")
+    assert flow.backward_call == [("out_grad", 0), ("result", 1), ("arg", 1), ("const", False)]
+    assert flow.gradients == [(0, ("returned", -1))]  # what the backward returns, whole
+    # a backward argument computed in a way not followed: no flow, never a wrong one
+    (tmp_path / "op.py").write_text(
+        (tmp_path / "op.py").read_text().replace("(dout, saved,", "(dout, saved * 2,")
+    )
+    assert find_flow(tmp_path, "op_fwd", "op_bwd") is None
+
+
+def test_the_glue_runs_the_forward_then_the_backward_on_its_results():
+    flow = find_flow(FIXTURE, "segment_mean_forward", "segment_mean_backward")
+    fwd = parse_signature(
+        "std::vector<at::Tensor> segment_mean_forward(const at::Tensor& feats, "
+        "const at::Tensor& keys) {}",
+        "segment_mean_forward",
+        "",
+    )
+    bwd = parse_signature(
+        "void segment_mean_backward(at::Tensor& grad_feats, const at::Tensor& grad_means, "
+        "const at::Tensor& row_key, const at::Tensor& rows_per_key) {}",
+        "segment_mean_backward",
+        "",
+    )
+    sig, code = glue(flow, fwd, bwd)
+    assert sig.name == "segment_mean_backward_through_forward"
+    assert [n for _, n in sig.params] == ["feats", "keys", "kminer_grad_0"]
+    assert "auto kminer_fwd = segment_mean_forward(feats, keys);" in code
+    assert "at::Tensor kminer_buffer_0 = at::zeros_like(feats);" in code
+    call = "segment_mean_backward(kminer_buffer_0, kminer_grad_0.contiguous(), kminer_fwd[1], "
+    assert call + "kminer_fwd[2]);" in code
+    assert "return {kminer_buffer_0};" in code
+    # a forward of another arity than the Function passes: no glue
+    short = parse_signature("std::vector<at::Tensor> f(const at::Tensor& feats) {}", "f", "")
+    assert glue(flow, short, bwd) is None
+
+
+def test_only_the_backward_that_needs_its_forwards_results_gets_the_glue(mined):
+    _, work, cands = mined
+    back = cands["segment_mean_backward_kernel"]
+    assert back.wrapper.functions == ["segment_mean_backward_through_forward",
+                                      "segment_mean_backward"]  # fmt: skip
+    info = back.wrapper.op_map["through_forward"]
+    assert info["forward"] == "segment_mean_forward" and info["out_grads"] == ["0"]
+    label = (work / back.wrapper.label_path).read_text()
+    # the forward's kernels and host function travel in the backward's label
+    assert "__global__ void segment_sum_kernel" in label
+    assert "std::vector<at::Tensor> segment_mean_forward(" in label
+    assert 'm.def("segment_mean_backward_through_forward"' in label
+    for name in ("segment_sum_kernel", "segment_divide_kernel"):
+        assert cands[name].wrapper.functions == ["segment_mean_forward"]
+        assert "through_forward" not in cands[name].wrapper.op_map
+
+
+def test_the_backward_is_checked_against_autograd_through_the_forward_reference(mined):
+    repo, work, cands = mined
+    cand = cands["segment_mean_backward_kernel"]
+    refs = RepoRefs(discover(repo))
+    recorded = record_repo_calls(repo, work / "record_cache")
+    generate_for(cand, refs, recorded, work)
+    done = cand.stage(StageName.TESTGEN)
+    assert done.status == Status.OK, done.detail
+    assert done.metrics["cases_source"] == "forward" and done.metrics["num_cases"] >= 3
+    assert cand.reference.function == "autograd of segment_mean_ref"
+    namespace: dict = {}
+    exec(compile((work / cand.reference.path).read_text(), "reference.py", "exec"), namespace)
+    feats, keys = torch.rand(12, 3), torch.tensor([0, 2, 2, 5, 0, 0, 5, 2, 2, 9, 0, 2])
+    grad = torch.randn(4, 3)  # one row per key, keys sorted: 0, 2, 5, 9
+    got = namespace["reference"](feats, keys, grad)
+    _, key_of_row, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    assert torch.allclose(got, grad[key_of_row] / counts[key_of_row, None])
+    test = (work / cand.tests.path).read_text()
+    assert "segment_mean_backward_through_forward" in test
