@@ -72,6 +72,16 @@ def test_a_flow_through_context_attributes_and_a_one_line_unpacking(tmp_path):
         (tmp_path / "op.py").read_text().replace("(dout, saved,", "(dout, saved * 2,")
     )
     assert find_flow(tmp_path, "op_fwd", "op_bwd") is None
+    # ... also where the gradient returned is a buffer handed to the call (OpenPCDet's
+    # grad wrappers: `grad_features = torch.zeros(...)` from sizes the code computes)
+    (tmp_path / "op.py").write_text(
+        (tmp_path / "op.py")
+        .read_text()
+        .replace(
+            "dx = ext.op_bwd(dout, saved * 2,", "dx = saved.new_zeros(n)\n        ext.op_bwd(dx, m,"
+        )
+    )
+    assert find_flow(tmp_path, "op_fwd", "op_bwd") is None
 
 
 def test_the_glue_runs_the_forward_then_the_backward_on_its_results():

@@ -193,13 +193,15 @@ def _flow(cls: ast.ClassDef, forward: str, backward: str, rel: str) -> Flow | No
         elif isinstance(node, ast.Expr) and _callee(node.value) == backward and back_args is None:
             back_args = [scope.source(a) for a in node.value.args]
         elif isinstance(node, ast.Return) and back_args is not None and node.value is not None:
+            if None in back_args:  # an argument computed in a way not followed: no flow
+                return None
             vals = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             flow = Flow(forward, backward, rel, call_args, back_args)
             for k, v in enumerate(vals):
                 where = _gradient_place(v, scope, bwd, backward, back_args)
                 if where is not None:
                     flow.gradients.append((k, where))
-            return flow if flow.gradients and None not in back_args else None
+            return flow if flow.gradients else None
     return None
 
 
