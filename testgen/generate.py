@@ -297,7 +297,7 @@ def generate_for(
         why += outside
     if not base and not behind:  # reached through a C++ autograd Function's backward
         base, source = _backward_on_chain(cand, recorded, refs, python_fn) or (base, source)
-    if not base and not behind:
+    if not base:  # (behind its forward: inputs for the glue, which the test calls)
         inputs_tried = llm is not None
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
         if not base:

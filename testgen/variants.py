@@ -405,13 +405,22 @@ class _Kernel:
                     moved = d.name in self.pointers - self.arrays
                     if moved and not index:
                         continue  # moving a pointer is an index change
-                    ops, names = [], set()
-                    for v in d.values + ([d.target] if index and d.target else []):
-                        self.scan(v, ops, names, index)
+                    ops, names, counts = [], set(), []
+                    target = [d.target] if index and d.target else []
+                    if target and d.target.type == "call_expression":  # a helper's arguments
+                        args = d.target.child_by_field_name("arguments")
+                        target = [a for a in args.named_children if a not in d.values]
+                    for v in d.values + target:
+                        if d.stores and self.is_count(v):  # `store(out, vals, n - chunk * k)`
+                            self.scan(v, counts, set(), index)
+                        else:
+                            self.scan(v, ops, names, index)
                     if d.op is not None and self.txt(d.op) in _SWAP:
                         ops.append(d.op)
                     key = (tier + (moved or d.name in self.ints), dist)
                     sites += [self.swap_site(o, key) for o in ops if not self.in_loop_header(o)]
+                    # how many elements a store helper writes: tried after every value
+                    sites += [self.swap_site(o, (tier + _STEP, dist)) for o in counts]
                     for name in sorted(names - seen):
                         seen.add(name)
                         nxt += [(dd, dist + 1) for dd in self.defs.get(name, [])]
@@ -427,6 +436,16 @@ class _Kernel:
             if self.txt(o) in _SWAP
         ]
         return [x for x in rest if x and x.key[0] < _STEP] + steps
+
+    def is_count(self, node: ts.Node) -> bool:
+        """An argument of integers alone (`params.seqlen - chunk * kChunkSize`): how many
+        elements a helper stores, not what. Swapped, it often changes nothing the inputs show
+        (one chunk: `chunk` is 0), so such sites come last."""
+        ids = [self.txt(n) for n in _walk(node) if n.type == "identifier"]
+        if node.type == "identifier" or not ids or any(n.type == "subscript_expression"
+                                                        for n in _walk(node)):  # fmt: skip
+            return False
+        return not (set(ids) & self.arrays) and bool(set(ids) & self.ints)
 
     def swap_site(self, op: ts.Node, key: tuple) -> _Site | None:
         if self.is_identity(op):

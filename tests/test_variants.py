@@ -236,6 +236,25 @@ def test_an_output_written_through_a_store_helper_gets_operators_beside_direct_s
     assert any("`vals[0] - d`" in d for d in swaps) and any("`d * n`" in d for d in swaps)
 
 
+def test_how_many_elements_a_store_helper_writes_is_swapped_after_what_it_writes():
+    """mamba's `store_output<K>(out, vals, params.seqlen - chunk * kChunkSize)`: with one chunk
+    `chunk` is 0, so `-` -> `+` changes nothing the test sees; its backward's first op_swap
+    survived and the device call ended before the next one was built."""
+    text = _inline(
+        "k",
+        "struct P { int seqlen; };\n"
+        "template <typename K> __device__ void store_output(float* p, float* v, int n) {}\n"
+        "__global__ void k(float* out, const float* a, P params) {\n"
+        "  constexpr int kChunk = 64;\n"
+        "  for (int chunk = 0; chunk < 4; ++chunk) {\n"
+        "    float vals[2];\n    vals[0] = a[chunk] * 2.f;\n"
+        "    store_output<int>(out, vals, params.seqlen - chunk * kChunk);\n  }\n}\n",
+    )
+    swaps = [v.description for v in derive_variants(text, "k") if v.kind == VariantKind.OP_SWAP]
+    assert "`a[chunk] * 2.f`" in swaps[0]
+    assert any("`params.seqlen - chunk * kChunk`" in d for d in swaps[1:])
+
+
 def test_qualifier_macro_and_qualified_name():
     code = (
         "#define GLOBAL __global__\nnamespace ns {\nGLOBAL void k(float* o, int n) {\n"
