@@ -97,6 +97,7 @@ def complete_text(cand: Candidate, label_text: str, description: Description) ->
         "",
         "## What it computes",
         description.text.strip()
+        or _behind_forward(cand)
         or "The repository gives no description; the test's CPU reference defines the result.",
         "",
         "## Kernel",
@@ -156,6 +157,22 @@ def op_complete_text(cand: Candidate, label_text: str, op: str) -> str:
     ]
     lines += _binding_and_constraints(cand, function, label_text)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _behind_forward(cand: Candidate) -> str:
+    """What a glue behind its forward computes (wrappers.through_forward), as its reference
+    checks it: autograd of the forward."""
+    info = cand.wrapper.op_map.get("through_forward")
+    if not info:
+        return ""
+    grads = ", ".join(f"`kminer_grad_{j}` of its output {j}" for j in info["out_grads"])
+    return (
+        f"The backward of `{info['forward']}`: `{info['function']}` runs the forward on its "
+        f"first arguments, then the backward on the forward's results, as the autograd Function "
+        f"in `{info['flow_file']}` does, and returns the gradients of the forward's inputs given "
+        f"the gradients {grads}. The test checks them against autograd through the "
+        "repository's PyTorch forward."
+    )
 
 
 def _binding_and_constraints(cand: Candidate, function: str, label_text: str) -> list[str]:

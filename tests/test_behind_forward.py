@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from curation.instructions import Description, complete_text
 from miner.candidate import StageName, Status
 from miner.discover import discover
 from miner.store import Store
@@ -147,3 +148,6 @@ def test_the_backward_is_checked_against_autograd_through_the_forward_reference(
     assert torch.allclose(got, grad[key_of_row] / counts[key_of_row, None])
     test = (work / cand.tests.path).read_text()
     assert "segment_mean_backward_through_forward" in test
+    # the row's task says what the glue computes, without the repository's words for it
+    task = complete_text(cand, (work / cand.wrapper.label_path).read_text(), Description("", ""))
+    assert "The backward of `segment_mean_forward`" in task and "`kminer_grad_0`" in task
