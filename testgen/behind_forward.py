@@ -13,6 +13,7 @@ variant changes only the backward's kernel, and the forward has its own row.
 from __future__ import annotations
 
 import copy
+from itertools import zip_longest
 from pathlib import Path
 
 from testgen.carry import Unmappable, carry_down, defined_name
@@ -22,7 +23,10 @@ from testgen.inputs import RecordedCall, RefCall
 from testgen.python_reference import _pair_all, adapter, checked_reference, pair
 from testgen.vendor import vendor_function
 
-CASE_SHARE = 4  # a case's forward call takes at most this share of a test file's elements
+CASE_SHARE = 64  # a case's forward call takes at most this share of a test file's elements:
+# a test's reference often loops in Python over what the forward groups (8000 voxels)
+MAX_PAIRINGS = 4  # the forward's references, one per mode its tests check
+MAX_CALLS = 24
 
 
 def _forward_cand(cand, info: dict):
@@ -34,27 +38,36 @@ def _forward_cand(cand, info: dict):
     return fwd
 
 
-def _code(body: str, p, fwd: list[str], grads: list[int], wanted: list[int]) -> str:
-    """The forward, its adapter, `kminer_forward(*forward args)` (its outputs by the binding's
-    output order, None where it gives none or raises) and `kminer_behind(<forward args>,
-    <gradients>)`: the gradients of the forward arguments `wanted`, from autograd."""
+def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted: list[int]) -> str:
+    """The forwards, their adapters, `kminer_forward(*forward args)` (its outputs by the
+    binding's output order, from the first pairing that takes the call; None where none gives
+    one) and `kminer_behind(<forward args>, <gradients>)`: the gradients of the forward
+    arguments `wanted`, from autograd (`kminer_behind_or_none`: [] where it raises)."""
     names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
-    n_out = len(p.outputs)
+    n_out = max(len(p.outputs) for p in ps)
+    covered = [[bool(t) and t[0] == "return" for t in p.outputs] for p in ps]
+    lines = [*bodies]
+    for i, p in enumerate(ps):  # a mode each (mmcv's mean and max references): its own adapter
+        lines.append(adapter(p, fwd, name=f"_forward_{i}", helpers=i == 0))
+    forwards = ", ".join(f"_forward_{i}" for i in range(len(ps)))
     return "\n".join(
         [
-            body,
-            adapter(p, fwd, name="_forward"),
+            *lines,
+            "",
+            "",
+            f"_COVERED = {covered!r}",
             "",
             "",
             "def kminer_forward(*fargs):",
-            "    try:",
-            "        returned = _forward(*fargs)",
-            "    except Exception:  # a call the reference cannot take: no case",
-            f"        return [None] * {n_out}",
-            "    returned = list(returned) if isinstance(returned, (list, tuple)) else (",
-            "        [] if returned is None else [returned])",
-            f"    covered = {[bool(t) and t[0] == 'return' for t in p.outputs]!r}",
-            "    return [returned.pop(0) if c and returned else None for c in covered]",
+            f"    for i, forward in enumerate([{forwards}]):",
+            "        try:",
+            "            returned = forward(*fargs)",
+            "        except Exception:  # another mode's reference, or a call none can take",
+            "            continue",
+            "        returned = list(returned) if isinstance(returned, (list, tuple)) else (",
+            "            [] if returned is None else [returned])",
+            "        return [returned.pop(0) if c and returned else None for c in _COVERED[i]]",
+            f"    return [None] * {n_out}",
             "",
             "",
             "# kminer: the glue's gradients are autograd of the forward above (torch.autograd).",
@@ -76,6 +89,13 @@ def _code(body: str, p, fwd: list[str], grads: list[int], wanted: list[int]) -> 
             "    return [g.detach() if g is not None else torch.zeros_like(fargs[k])",
             f"            for k, g in zip({wanted!r}, found)]",
             "",
+            "",
+            "def kminer_behind_or_none(*args):",
+            "    try:",
+            "        return kminer_behind(*args)",
+            "    except Exception:  # the reference cannot take this call: it makes no case",
+            "        return []",
+            "",
         ]
     )
 
@@ -89,8 +109,9 @@ def _small(args: list, names: list[str]) -> list | None:
         return args
     rows = max(1, int(next(iter(a.shape[0] for a in args if isinstance(a, torch.Tensor)), 1)
                       * MAX_ELEMENTS / (CASE_SHARE * max(size, 1))))  # fmt: skip
-    cut = [a[:rows] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] > rows else a
-           for a in args]  # fmt: skip
+    # each cut a copy: a view would carry its whole storage into the test file
+    cut = [a[:rows].clone() if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] > rows
+           else a for a in args]  # fmt: skip
     _, fitted = embeddable(cut, names)
     return fitted
 
@@ -118,9 +139,9 @@ def behind_forward(cand, refs, recorded, label_text: str, workdir: Path):
     if not wanted:
         return f"the gradients the Function returns are of no argument {forward} takes"
     fwd_cand = _forward_cand(cand, info)
-    problems = []
     binding_args = lambda c: _binding_args(c, refs)  # noqa: E731
-    for p in pair(getattr(recorded, "refs", []), forward, repo, sig.returns, binding_args)[:2]:
+    ps, problems = [], []
+    for p in pair(getattr(recorded, "refs", []), forward, repo, sig.returns, binding_args):
         if any(j >= len(p.outputs) or not p.outputs[j] or p.outputs[j][0] != "return"
                for j in grads):  # fmt: skip
             problems.append(f"{p.function} does not compute the outputs the backward is given")
@@ -129,49 +150,52 @@ def behind_forward(cand, refs, recorded, label_text: str, workdir: Path):
         if body.startswith("!"):
             problems.append(f"{p.function}: {body[1:]}")
             continue
-        code = _code(body, p, fwd, grads, wanted)
-        calls = [c for c in _forward_calls(recorded.get(forward, []), p, refs)]
-        small = [(c, a) for c in calls if (a := _small(c.args, fwd)) is not None]
-        outs = _run(code, "kminer_forward", [a for _, a in small], "the forward")
-        if isinstance(outs, str):
-            problems.append(f"{p.function}: {outs}")
+        ps.append((p, body))
+    ps = ps[:MAX_PAIRINGS]
+    if not ps:
+        return "; ".join(problems)[:600] or f"no PyTorch function the tests pair with {forward}"
+    code = _code([b for _, b in ps], [p for p, _ in ps], fwd, grads, wanted)
+    by_pairing = [_forward_calls(recorded.get(forward, []), p, refs) for p, _ in ps]
+    calls = [c for group in zip_longest(*by_pairing) for c in group if c]  # modes in turn
+    small = [(c, a) for c in calls if (a := _small(c.args, fwd)) is not None][:MAX_CALLS]
+    outs = _run(code, "kminer_forward", [a for _, a in small], "the forward")
+    if isinstance(outs, str):
+        return f"{ps[0][0].function}: {outs}"
+    made = []
+    for seed, ((c, fargs), o) in enumerate(zip(small, outs, strict=True)):
+        if any(o[j] is None or not o[j].is_floating_point() for j in grads):
             continue
-        made = []
-        for seed, ((c, fargs), o) in enumerate(zip(small, outs, strict=True)):
-            if any(o[j] is None or not o[j].is_floating_point() for j in grads):
-                continue
-            gen = torch.Generator().manual_seed(seed)
-            g = [torch.randn(o[j].shape, generator=gen, dtype=torch.float64).to(o[j].dtype)
-                 for j in grads]  # fmt: skip
-            made.append((c, fargs, g))
-        expected = _run(code, "kminer_behind", [[*f, *g] for _, f, g in made], "its gradient")
-        if isinstance(expected, str) or not made:
-            problems.append(f"{p.function}: {expected or 'no forward call it computes'}")
+        gen = torch.Generator().manual_seed(seed)
+        g = [torch.randn(o[j].shape, generator=gen, dtype=torch.float64).to(o[j].dtype)
+             for j in grads]  # fmt: skip
+        made.append((c, fargs, g))
+    expected = _run(code, "kminer_behind_or_none", [[*f, *g] for _, f, g in made], "its gradient")
+    if isinstance(expected, str) or not made:
+        return f"{ps[0][0].function}: {expected or 'no forward call it computes'}"
+    bound, base = [], []
+    names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
+    for (c, fargs, g), result in zip(made, expected, strict=True):
+        if not result:
             continue
-        bound, base = [], []
-        names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
-        for (c, fargs, g), result in zip(made, expected, strict=True):
-            try:
-                fwd_call = RecordedCall(forward, fargs, {}, c.test_file)
-                host_args = carry_down(fwd_call, fwd_cand, refs)
-            except Unmappable:
-                continue
-            glue_args = [*host_args, *g]
-            values = dict(zip(names, [*fargs, *g], strict=True))
-            ref = RefCall("kminer_behind", p.file, list(values.values()), {}, result)
-            bound.append((RecordedCall(glue, glue_args, {}, c.test_file), ref, values))
-            how = "a seeded gradient of its output"
-            base.append(BaseCall(glue_args, c.test_file, call=fwd_call, derived=how))
-        returns = "std::vector<at::Tensor>"
-        back = _pair_all(bound, p.file, "kminer_behind", returns) if bound else None
-        if back is None:
-            problems.append(f"{p.function}: its gradients do not map onto {glue}'s arguments")
+        try:
+            fwd_call = RecordedCall(forward, fargs, {}, c.test_file)
+            host_args = carry_down(fwd_call, fwd_cand, refs)
+        except Unmappable:
             continue
-        code += adapter(back, [n for _, n in host], helpers=False)
-        hosts = [b.args for b in base if back.covers(b.args)]
-        ref = checked_reference(cand, code, back, host, workdir, hosts, f"autograd of {p.function}")
-        if isinstance(ref, str):
-            problems.append(f"the gradient of {p.function}: {ref}")
-            continue
-        return ref, [b for b in base if back.covers(b.args)]
-    return "; ".join(problems)[:600] or f"no PyTorch function the tests pair with {forward}"
+        glue_args = [*host_args, *g]
+        values = dict(zip(names, [*fargs, *g], strict=True))
+        ref = RefCall("kminer_behind", ps[0][0].file, list(values.values()), {}, result)
+        bound.append((RecordedCall(glue, glue_args, {}, c.test_file), ref, values))
+        how = "a seeded gradient of its output"
+        base.append(BaseCall(glue_args, c.test_file, call=fwd_call, derived=how))
+    returns = "std::vector<at::Tensor>"
+    back = _pair_all(bound, ps[0][0].file, "kminer_behind", returns) if bound else None
+    if back is None:
+        return f"{ps[0][0].function}: its gradients do not map onto {glue}'s arguments"
+    code += adapter(back, [n for _, n in host], helpers=False)
+    hosts = [b.args for b in base if back.covers(b.args)]
+    functions = " and ".join(dict.fromkeys(p.function for p, _ in ps))
+    ref = checked_reference(cand, code, back, host, workdir, hosts, f"autograd of {functions}")
+    if isinstance(ref, str):
+        return f"the gradient of {functions}: {ref}"
+    return ref, [b for b in base if back.covers(b.args)]

@@ -337,7 +337,7 @@ def generate_for(
         bool(made_by),
         selectors,
         sized,
-        whole=source == "probe",
+        whole=source == "probe" or bool(behind),  # (a glue's gradients fit no cut rows)
         ranks=rank_choices(label_text, params or []),
     )
     order_free = order_free_reason(label_text)

@@ -1,8 +1,12 @@
 """A backward that takes what only its forward computes is labelled and tested behind it."""
 
+import base64
+import io
+import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,13 @@ from wrappers.through_forward import glue
 
 FIXTURE = Path(__file__).parent / "fixtures" / "segrepo"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _inputs(test_file: Path) -> bytes:
+    """The base calls a generated test embeds (torch.save, zlib, base64)."""
+    text = test_file.read_text()
+    chunks = re.search(r"INPUTS = \((.*?)\)\n", text, re.S).group(1)
+    return zlib.decompress(base64.b64decode("".join(re.findall(r'"([^"]*)"', chunks))))
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +53,11 @@ def mined(tmp_path_factory):
 def test_the_functions_flow_says_which_forward_result_each_backward_argument_is():
     flow = find_flow(FIXTURE, "segment_mean_forward", "segment_mean_backward")
     assert flow is not None and flow.file == "segops/ops.py"
-    assert flow.forward_call == [("arg", 0), ("arg", 1)]  # feats.contiguous() is feats
-    # zeros_like(feats), the gradient of the Function's output (result 0), then results 1, 2
+    assert flow.forward_call == [("arg", 0), ("arg", 1), ("arg", 2)]  # feats.contiguous()
+    # zeros_like(feats), the gradient of the Function's output (result 0), results 1 and 2,
+    # and the mode the forward was given (through `ctx.mean`)
     assert flow.backward_call == [("zeros", ("arg", 0)), ("out_grad", 0), ("result", 1),
-                                  ("result", 2)]  # fmt: skip
+                                  ("result", 2), ("arg", 2)]  # fmt: skip
     assert flow.gradients == [(0, ("buffer", 0))]  # feats' gradient is the zeroed buffer
     assert flow.needs_results() == [2, 3]
 
@@ -89,23 +101,23 @@ def test_the_glue_runs_the_forward_then_the_backward_on_its_results():
     flow = find_flow(FIXTURE, "segment_mean_forward", "segment_mean_backward")
     fwd = parse_signature(
         "std::vector<at::Tensor> segment_mean_forward(const at::Tensor& feats, "
-        "const at::Tensor& keys) {}",
+        "const at::Tensor& keys, bool mean) {}",
         "segment_mean_forward",
         "",
     )
     bwd = parse_signature(
         "void segment_mean_backward(at::Tensor& grad_feats, const at::Tensor& grad_means, "
-        "const at::Tensor& row_key, const at::Tensor& rows_per_key) {}",
+        "const at::Tensor& row_key, const at::Tensor& rows_per_key, bool mean) {}",
         "segment_mean_backward",
         "",
     )
     sig, code = glue(flow, fwd, bwd)
     assert sig.name == "segment_mean_backward_through_forward"
-    assert [n for _, n in sig.params] == ["feats", "keys", "kminer_grad_0"]
-    assert "auto kminer_fwd = segment_mean_forward(feats, keys);" in code
+    assert [n for _, n in sig.params] == ["feats", "keys", "mean", "kminer_grad_0"]
+    assert "auto kminer_fwd = segment_mean_forward(feats, keys, mean);" in code
     assert "at::Tensor kminer_buffer_0 = at::zeros_like(feats);" in code
     call = "segment_mean_backward(kminer_buffer_0, kminer_grad_0.contiguous(), kminer_fwd[1], "
-    assert call + "kminer_fwd[2]);" in code
+    assert call + "kminer_fwd[2], mean);" in code
     assert "return {kminer_buffer_0};" in code
     # a forward of another arity than the Function passes: no glue
     short = parse_signature("std::vector<at::Tensor> f(const at::Tensor& feats) {}", "f", "")
@@ -138,14 +150,18 @@ def test_the_backward_is_checked_against_autograd_through_the_forward_reference(
     done = cand.stage(StageName.TESTGEN)
     assert done.status == Status.OK, done.detail
     assert done.metrics["cases_source"] == "forward" and done.metrics["num_cases"] >= 3
-    assert cand.reference.function == "autograd of segment_mean_ref"
+    # one reference per mode the tests check, each paired with the calls of its mode
+    assert cand.reference.function == "autograd of segment_mean_ref and segment_sum_ref"
     namespace: dict = {}
     exec(compile((work / cand.reference.path).read_text(), "reference.py", "exec"), namespace)
     feats, keys = torch.rand(12, 3), torch.tensor([0, 2, 2, 5, 0, 0, 5, 2, 2, 9, 0, 2])
     grad = torch.randn(4, 3)  # one row per key, keys sorted: 0, 2, 5, 9
-    got = namespace["reference"](feats, keys, grad)
     _, key_of_row, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+    got = namespace["reference"](feats, keys, True, grad)
     assert torch.allclose(got, grad[key_of_row] / counts[key_of_row, None])
+    assert torch.allclose(namespace["reference"](feats, keys, False, grad), grad[key_of_row])
+    modes = {b[2] for b in torch.load(io.BytesIO(_inputs(work / cand.tests.path)))}
+    assert modes == {True, False}  # the cases run both
     test = (work / cand.tests.path).read_text()
     assert "segment_mean_backward_through_forward" in test
     # the row's task says what the glue computes, without the repository's words for it
