@@ -29,6 +29,7 @@ from testgen.cases import (
     plan,
 )
 from testgen.grad_reference import find_grad_reference
+from testgen.kernel_outputs import unchecked
 from testgen.llm_inputs import write_llm_calls
 from testgen.llm_reference import write_llm_reference
 from testgen.made_inputs import (
@@ -342,7 +343,11 @@ def generate_for(
     )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))
-    text = render_test(cand, function, case_plan, reference_text, order_free, made_by, sorted_last)
+    kernel_params = [p.name for p in cand.kernel.params]
+    others = unchecked(label_text, cand.kernel.name, kernel_params, function, params or [])
+    text = render_test(
+        cand, function, case_plan, reference_text, order_free, made_by, sorted_last, others
+    )
     rel = f"tests/{cand.id}.py"
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / rel).write_text(text, encoding="utf-8")

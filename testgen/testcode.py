@@ -102,10 +102,12 @@ def render_test(
     order_free: str = "",
     made_by: str = "",
     sorted_last: str = "",
+    others: tuple[list[int], list[int]] = ([], []),
 ) -> str:
     """The test file; `made_by` says who made the inputs when the repository's tests never call
     the op ('' for recorded calls); `sorted_last`, why outputs are compared sorted along their
-    last dimension (testgen/caller_sorts.py)."""
+    last dimension (testgen/caller_sorts.py); `others`, the returned outputs and arguments only
+    the label's other kernels write (testgen/kernel_outputs.py)."""
     import torch
 
     buf = io.BytesIO()
@@ -127,6 +129,8 @@ def render_test(
             reference_origin=origin(cand.reference),
             reference_file=cand.reference.file,
             function=function,
+            other_kernels_returned=sorted(others[0]),
+            other_kernels_args=sorted(others[1]),
             cases=cases,
             num_shapes=plan.shapes,
             origins=sorted({b.origin for b in plan.base}),
