@@ -50,13 +50,17 @@ def call_args(body: str, callee: str) -> list[str] | None:
     if brace < 0:
         return None
     pattern = re.compile(rf"(?<![\w.>])(?:[\w]+::)*{re.escape(callee)}\s*(?:<[^<>;{{}}]*>)?\s*\(")
-    for m in pattern.finditer(body, brace):
-        depth = 0
-        for j in range(m.end() - 1, len(body)):
-            depth += (body[j] == "(") - (body[j] == ")")
-            if depth == 0:
-                return [" ".join(a.split()) for a in split_top(body[m.end() : j])]
-        return None
+    m = pattern.search(body, brace)
+    return paren_args(body, m.end() - 1) if m else None
+
+
+def paren_args(text: str, open_at: int) -> list[str] | None:
+    """The top-level arguments between the `(` at `open_at` and its `)`, spaces collapsed."""
+    depth = 0
+    for j in range(open_at, len(text)):
+        depth += (text[j] == "(") - (text[j] == ")")
+        if depth == 0:
+            return [" ".join(a.split()) for a in split_top(text[open_at + 1 : j])]
     return None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from miner.textprep import split_top
+from testgen.argmap import paren_args
 from testgen.variants import _Kernel
 
 _NOT_A_TENSOR = frozenset(
@@ -72,14 +72,7 @@ def _roots(expr: str, body: str, names: set[str], hops: int = 4) -> set[str]:
 def _launch_args(body: str, kernel: str) -> list[str] | None:
     """The arguments of the first `kernel<...><<<...>>>(...)` launch in the body."""
     m = re.search(rf"\b{re.escape(kernel)}\s*(?:<[^;]*?>)?\s*<<<[^;]*?>>>\s*\(", body)
-    if not m:
-        return None
-    depth = 0
-    for j in range(m.end() - 1, len(body)):
-        depth += (body[j] == "(") - (body[j] == ")")
-        if depth == 0:
-            return [" ".join(a.split()) for a in split_top(body[m.end() : j])]
-    return None
+    return paren_args(body, m.end() - 1) if m else None
 
 
 def _returned(body: str) -> list[str]:
