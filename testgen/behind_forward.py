@@ -39,14 +39,30 @@ def _forward_cand(cand, info: dict):
     return fwd
 
 
-def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted: list[int]) -> str:
+def _slots(p, function_outputs: list | None) -> list:
+    """Where each output the pairing's adapter returns goes among the forward binding's results:
+    the result the autograd Function returns in its place, where the flow knows it (mamba's
+    Function returns the binding's third result, `out_z`: the tests compare that with their
+    PyTorch function's first output); else the same position."""
+    returned = [j for j, t in enumerate(p.outputs) if t and t[0] == "return"]
+    if not function_outputs:
+        return returned
+    return [
+        src[1] if j < len(function_outputs) and (src := function_outputs[j]) and
+        src[0] == "result" and src[1] >= 0 else None
+        for j in returned
+    ]  # fmt: skip
+
+
+def _code(
+    bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted: list[int], slots: list
+) -> str:
     """The forwards, their adapters, `kminer_forward(*forward args)` (its outputs by the
     binding's output order, from the first pairing that takes the call; None where none gives
     one) and `kminer_behind(<forward args>, <gradients>)`: the gradients of the forward
     arguments `wanted`, from autograd (`kminer_behind_or_none`: [] where it raises)."""
     names = [*fwd, *(f"kminer_grad_{j}" for j in grads)]
-    n_out = max(len(p.outputs) for p in ps)
-    covered = [[bool(t) and t[0] == "return" for t in p.outputs] for p in ps]
+    n_out = max([*grads, *(j for s in slots for j in s if j is not None)]) + 1
     lines = [*bodies]
     for i, p in enumerate(ps):  # a mode each (mmcv's mean and max references): its own adapter
         lines.append(adapter(p, fwd, name=f"_forward_{i}", helpers=i == 0))
@@ -56,7 +72,7 @@ def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted:
             *lines,
             "",
             "",
-            f"_COVERED = {covered!r}",
+            f"_SLOTS = {slots!r}  # per pairing: the binding's result each output it returns is",
             "",
             "",
             "def kminer_forward(*fargs):",
@@ -69,7 +85,11 @@ def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted:
             "            raise",
             "        returned = list(returned) if isinstance(returned, (list, tuple)) else (",
             "            [] if returned is None else [returned])",
-            "        return [returned.pop(0) if c and returned else None for c in _COVERED[i]]",
+            f"        outs = [None] * {n_out}",
+            "        for at, value in zip(_SLOTS[i], returned):",
+            "            if at is not None:",
+            "                outs[at] = value",
+            "        return outs",
             f"    return [None] * {n_out}",
             "",
             "",
@@ -77,7 +97,8 @@ def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted:
             f"def kminer_behind({', '.join(names)}):",
             f"    fargs = [{', '.join(fwd)}]",
             f"    grads = [{', '.join(f'kminer_grad_{j}' for j in grads)}]",
-            f"    for k in {wanted!r}:",
+            f"    given = [k for k in {wanted!r} if fargs[k] is not None]  # (optional: None)",
+            "    for k in given:",
             "        fargs[k] = fargs[k].detach().clone().requires_grad_(True)",
             "    with torch.enable_grad():",
             "        outs = kminer_forward(*fargs)",
@@ -87,10 +108,11 @@ def _code(bodies: list[str], ps: list, fwd: list[str], grads: list[int], wanted:
             "            raise RuntimeError('kminer: no output of the forward function is"
             " differentiable in torch')",
             "        found = torch.autograd.grad([o for o, _ in pairs],",
-            f"            [fargs[k] for k in {wanted!r}], [g.to(o.dtype) for o, g in pairs],",
+            "            [fargs[k] for k in given], [g.to(o.dtype) for o, g in pairs],",
             "            allow_unused=True)",
-            "    return [g.detach() if g is not None else torch.zeros_like(fargs[k])",
-            f"            for k, g in zip({wanted!r}, found)]",
+            "    found = dict(zip(given, found))",
+            "    return [None if k not in found else found[k].detach() if found[k] is not None",
+            f"            else torch.zeros_like(fargs[k]) for k in {wanted!r}]",
             "",
             "",
             "def kminer_forward_or_none(*fargs):",
@@ -117,11 +139,13 @@ def _small(args: list, names: list[str]) -> list | None:
     size = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
     if size * CASE_SHARE <= MAX_ELEMENTS:
         return args
-    rows = max(1, int(next(iter(a.shape[0] for a in args if isinstance(a, torch.Tensor)), 1)
-                      * MAX_ELEMENTS / (CASE_SHARE * max(size, 1))))  # fmt: skip
+    # the rows are the first tensor's first dimension (mmcv's points, mamba's batch), cut in
+    # every tensor that has that many rows: a weight of another first size (mamba's A, D) stays
+    top = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim()), 1)
+    rows = max(1, int(top * MAX_ELEMENTS / (CASE_SHARE * max(size, 1))))
     # each cut a copy: a view would carry its whole storage into the test file
-    cut = [a[:rows].clone() if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] > rows
-           else a for a in args]  # fmt: skip
+    cut = [a[:rows].clone() if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == top
+           and top > rows else a for a in args]  # fmt: skip
     _, fitted = embeddable(cut, names)
     return fitted
 
@@ -151,9 +175,9 @@ def behind_forward(cand, refs, recorded, label_text: str, workdir: Path):
     fwd_cand = _forward_cand(cand, info)
     binding_args = lambda c: _binding_args(c, refs)  # noqa: E731
     ps, problems = [], []
+    outputs = info.get("function_outputs")
     for p in pair(getattr(recorded, "refs", []), forward, repo, sig.returns, binding_args):
-        if any(j >= len(p.outputs) or not p.outputs[j] or p.outputs[j][0] != "return"
-               for j in grads):  # fmt: skip
+        if any(j not in _slots(p, outputs) for j in grads):
             problems.append(f"{p.function} does not compute the outputs the backward is given")
             continue
         body = vendor_function(repo, p.file, p.function)
@@ -164,7 +188,8 @@ def behind_forward(cand, refs, recorded, label_text: str, workdir: Path):
     ps = ps[:MAX_PAIRINGS]
     if not ps:
         return "; ".join(problems)[:600] or f"no PyTorch function the tests pair with {forward}"
-    code = _code([b for _, b in ps], [p for p, _ in ps], fwd, grads, wanted)
+    slots = [_slots(p, outputs) for p, _ in ps]
+    code = _code([b for _, b in ps], [p for p, _ in ps], fwd, grads, wanted, slots)
     by_pairing = [_forward_calls(recorded.get(forward, []), p, refs) for p, _ in ps]
     calls = [c for group in zip_longest(*by_pairing) for c in group if c]  # modes in turn
     small = [(c, a) for c in calls if (a := _small(c.args, fwd)) is not None][:MAX_CALLS]

@@ -253,23 +253,31 @@ def generate_for(
     start = time.perf_counter()
     cand.clear_stage(StageName.VERIFY)  # whatever comes out, the last verdict was on other tests
     behind = cand.wrapper.op_map.get("through_forward")  # the label runs it behind its forward
+    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
+    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
+    behind_found = behind_forward(cand, refs, recorded, label_text, workdir) if behind else None
+    if isinstance(behind_found, str) and behind.get("alone") and len(cand.wrapper.functions) > 1:
+        # the backward takes its forward's results as optional: tested alone, as before the
+        # glue, which stays in the label (the function every stage takes first is the backward's)
+        log.info("%s: behind its forward: %s; tested alone", cand.id, behind_found)
+        cand.wrapper.functions = [*cand.wrapper.functions[1:], cand.wrapper.functions[0]]
+        cand.wrapper.op_map["not_through_forward"] = behind_found[:300]
+        del cand.wrapper.op_map["through_forward"]
+        behind, behind_found, function = None, None, cand.wrapper.functions[0]
     found = find_reference(cand, Path(refs.disc.root), workdir, refs) if not behind else ""
     python_fn = cand.wrapper.op_map.get("python_name") or ""
     # without a known binding, every recorded call is tried: the chain decides which fit
     names = public_names(cand) or list(recorded)
     calls = [c for n in names for c in recorded.get(n, [])]
-    label_text = (workdir / cand.wrapper.label_path).read_text("latin-1")
     named = cand.kernel.name in label_text or bool(cand.kernel.from_macro)  # (a pasted name)
     if not named or "__global__" not in label_text:
         why = f"the label defines no __global__ {cand.kernel.name} (a revision without it?)"
         _skip(cand, Reason.UPSTREAM_FAILED, why, reference_kind="")
         return
-    function = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     sig = exposed_params(refs, function, label_text)
     behind_base: list = []
     if behind:  # autograd through the forward's PyTorch function (testgen.behind_forward)
-        got = behind_forward(cand, refs, recorded, label_text, workdir)
-        found, behind_base = (got, []) if isinstance(got, str) else got
+        found, behind_base = (behind_found, []) if isinstance(behind_found, str) else behind_found
     elif isinstance(found, str):  # the repository's PyTorch function its tests compare with
         mined = _python_reference(cand, refs, recorded, python_fn, function, label_text, workdir)
         if isinstance(mined, str):

@@ -67,7 +67,8 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
         what = f"{call} {base.rows_of} ({base.origin}) with its {base.derived} (the recorded "
         what += f"calls launch another), tensors {shapes}"
     elif base.derived:
-        what = f"{call} {base.rows_of} ({base.origin}) with {base.derived} at the "
+        which = "" if base.rows_of is None else f" {base.rows_of}"  # (behind a forward: its own)
+        what = f"{call}{which} ({base.origin}) with {base.derived} at the "
         what += f"binding `{base.call.function}`, carried down: tensors {shapes}"
     elif base.rows_of is not None and base.more:
         what = f"{base.rows} rows drawn from {call} {base.rows_of} ({base.origin}) with "
@@ -92,6 +93,16 @@ def _describe(case: dict, plan: CasePlan, made: bool) -> str:
             "large": f", {data} x{LARGE:g}",
         }[case["edge"]]
     return what
+
+
+def _origin(cand: Candidate, reference_text: str) -> str:
+    """Who made a PyTorch reference: a model (its file says so, testgen.llm_reference), or
+    kminer from the repository's own function, unchanged, with an adapter from its pairing."""
+    made = re.search(r"^# (adapted by .*? from the repository's .*?)\.$", reference_text, re.M)
+    if made or cand.reference.kind != "python":
+        return made.group(1) if made else origin(cand.reference)
+    ref = cand.reference
+    return f"of the repository, `{ref.function}` ({ref.file}), adapted by kminer to the binding"
 
 
 def render_test(
@@ -126,7 +137,7 @@ def render_test(
             line_end=k.end_line,
             reference_function=cand.reference.function,
             reference_suffix=Path(cand.reference.path).suffix or ".cpp",
-            reference_origin=origin(cand.reference),
+            reference_origin=_origin(cand, reference_text),
             reference_file=cand.reference.file,
             function=function,
             other_kernels_returned=sorted(others[0]),

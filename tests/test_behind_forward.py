@@ -21,7 +21,7 @@ from testgen.inputs import record_repo_calls
 from testgen.reference import RepoRefs
 from wrappers.autograd_flow import find_flow
 from wrappers.signature import parse_signature
-from wrappers.through_forward import glue
+from wrappers.through_forward import glue, needs_forward, runs_alone
 
 FIXTURE = Path(__file__).parent / "fixtures" / "segrepo"
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,83 @@ def test_a_flow_through_context_attributes_and_a_one_line_unpacking(tmp_path):
     assert find_flow(tmp_path, "op_fwd", "op_bwd") is None
 
 
+SCAN_FUNCTION = """
+class ScanFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u, B, D=None, z=None, softplus=False, return_last_state=False):
+        if u.stride(-1) != 1:
+            u = u.contiguous()
+        if B.dim() == 3:
+            B = rearrange(B, "b n l -> b 1 n l")
+            ctx.squeeze_B = True
+        out, x, *rest = ext.scan_fwd(u, B, D, z, softplus)
+        ctx.softplus = softplus
+        ctx.has_z = z is not None
+        last = x[:, :, -1]
+        if not ctx.has_z:
+            ctx.save_for_backward(u, B, D, x)
+            return out if not return_last_state else (out, last)
+        else:
+            ctx.save_for_backward(u, B, D, z, x, out)
+            out_z = rest[0]
+            return out_z if not return_last_state else (out_z, last)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        if not ctx.has_z:
+            u, B, D, x = ctx.saved_tensors
+            z = None
+            out = None
+        else:
+            u, B, D, z, x, out = ctx.saved_tensors
+        du, dB, dD, *rest = ext.scan_bwd(u, B, D, z, dout, x, out, None, ctx.softplus)
+        dz = rest[0] if ctx.has_z else None
+        dB = dB.squeeze(1) if getattr(ctx, "squeeze_B", False) else dB
+        return du, dB, dD if D is not None else None, dz, None, None
+"""
+
+
+def test_a_flow_through_reshapes_the_rest_of_an_unpacking_and_values_or_none(tmp_path):
+    """mamba's selective scan: the binding's own arguments either side of a reshape, a result
+    picked from `*rest`, a gradient that is the value or None by a mode, forward results the
+    backward takes as optional tensors."""
+    (tmp_path / "scan.py").write_text(SCAN_FUNCTION)
+    flow = find_flow(tmp_path, "scan_fwd", "scan_bwd")
+    assert flow.forward_call == [("arg", k) for k in range(5)]  # B after `rearrange` too
+    # dout is the gradient of what the Function returns, the forward's third result (out_z)
+    assert flow.outputs == [("result", 2)]
+    assert flow.backward_call == [("arg", 0), ("arg", 1), ("arg", 2), ("arg", 3),
+                                  ("out_grad", 2), ("result", 1), ("result", 0),
+                                  ("const", None), ("arg", 4)]  # fmt: skip
+    # dB through its squeeze, dD or None, dz from the rest of the unpacking
+    assert flow.gradients == [(0, ("returned", 0)), (1, ("returned", 1)),
+                              (2, ("returned", 2)), (3, ("returned", 3))]  # fmt: skip
+    opt = "const c10::optional<at::Tensor> &"
+    bwd = parse_signature(
+        f"std::vector<at::Tensor> scan_bwd(const at::Tensor& u, const at::Tensor& B, {opt} D, "
+        f"{opt} z, const at::Tensor& dout, {opt} x, {opt} out, {opt} dz, bool sp) {{}}",
+        "scan_bwd",
+        "",
+    )
+    fwd = parse_signature(
+        f"std::vector<at::Tensor> scan_fwd(const at::Tensor& u, const at::Tensor& B, {opt} D, "
+        f"{opt} z, bool sp) {{}}",
+        "scan_fwd",
+        "",
+    )
+    # the results are optional: the glue is tried, the backward can still be tested alone
+    assert needs_forward(flow, bwd) and runs_alone(flow, bwd)
+    _, code = glue(flow, fwd, bwd)
+    call = "scan_bwd(u, B, D, z, kminer_grad_2.contiguous(), kminer_fwd.at(1), kminer_fwd.at(0), "
+    assert call + "c10::nullopt, sp);" in code
+    returned = ", ".join(f"kminer_bwd.at({i})" for i in range(4))
+    assert f"return {{{returned}}};" in code
+    # a reshape of something else, or a value-or-something-else, is not followed
+    changed = SCAN_FUNCTION.replace("dz = rest[0] if", "dz = rest[1] * 2 if")
+    (tmp_path / "scan.py").write_text(changed)
+    assert (3, ("returned", 3)) not in find_flow(tmp_path, "scan_fwd", "scan_bwd").gradients
+
+
 def test_the_glue_runs_the_forward_then_the_backward_on_its_results():
     flow = find_flow(FIXTURE, "segment_mean_forward", "segment_mean_backward")
     fwd = parse_signature(
@@ -116,8 +193,8 @@ def test_the_glue_runs_the_forward_then_the_backward_on_its_results():
     assert [n for _, n in sig.params] == ["feats", "keys", "mean", "kminer_grad_0"]
     assert "auto kminer_fwd = segment_mean_forward(feats, keys, mean);" in code
     assert "at::Tensor kminer_buffer_0 = at::zeros_like(feats);" in code
-    call = "segment_mean_backward(kminer_buffer_0, kminer_grad_0.contiguous(), kminer_fwd[1], "
-    assert call + "kminer_fwd[2], mean);" in code
+    call = "segment_mean_backward(kminer_buffer_0, kminer_grad_0.contiguous(), kminer_fwd.at(1), "
+    assert call + "kminer_fwd.at(2), mean);" in code  # (a result a mode leaves out: an error)
     assert "return {kminer_buffer_0};" in code
     # a forward of another arity than the Function passes: no glue
     short = parse_signature("std::vector<at::Tensor> f(const at::Tensor& feats) {}", "f", "")
@@ -167,3 +244,16 @@ def test_the_backward_is_checked_against_autograd_through_the_forward_reference(
     # the row's task says what the glue computes, without the repository's words for it
     task = complete_text(cand, (work / cand.wrapper.label_path).read_text(), Description("", ""))
     assert "The backward of `segment_mean_forward`" in task and "`kminer_grad_0`" in task
+
+
+def test_the_reference_output_goes_where_the_function_returns_it_from():
+    """The tests compare their PyTorch function with the autograd Function, whose first output
+    is mamba's third binding result (`out_z`): the gradient of that result is what the
+    reference's first output is differentiated against, not the binding's first result."""
+    from testgen.behind_forward import _slots
+    from testgen.python_reference import Pairing
+
+    p = Pairing("scan_ref", "ops.py", outputs=[("return",), ("return",)])
+    assert _slots(p, None) == [0, 1]  # no flow outputs: position for position
+    assert _slots(p, [["result", 2]]) == [2, None]  # `last_state`: from no result of the flow
+    assert _slots(p, [["result", 1], ["arg", 0]]) == [1, None]

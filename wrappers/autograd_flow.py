@@ -18,6 +18,14 @@ Nothing in C++ says which result is which (the forward returns `coors_map`, the 
 Read statically (never run): each argument of the backward call is traced to a forward
 argument, a forward result, the gradient of a returned output, a zero buffer shaped like one of
 those, or a literal; and each gradient the Function returns to the buffer or result holding it.
+
+What a Function does around the two calls follows the same few patterns everywhere (mamba's
+selective scan has them all): a view that only reshapes a tensor for the binding
+(`B = rearrange(B, "b n l -> b 1 n l")` before the forward, `dB = dB.squeeze(1) if
+ctx.squeeze_B else dB` after the backward: the binding's own arguments and results are what the
+glue passes, so the view on either side is no change there), a result picked from the rest of
+an unpacking (`out, x, *rest = fwd(...)`; `out_z = rest[0]`), and an expression that is the
+value or None by a mode (`dD if D is not None else None`). Each is followed as that value.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from pathlib import Path
 
 MAX_FILE_BYTES = 1_000_000
 _KEEPS_VALUE = {"contiguous", "detach", "clone"}  # method calls that pass a tensor's values on
+# calls that change only a tensor's shape: the binding on the other side takes the same values
+_RESHAPES = {"squeeze", "unsqueeze", "view", "reshape", "flatten", "rearrange", "view_as",
+             "reshape_as"}  # fmt: skip
 _ZEROS = {"zeros_like", "new_zeros", "zeros"}
 _SAVED = {"saved_tensors", "saved_variables"}
 
@@ -45,6 +56,8 @@ class Flow:
     forward_call: list[Source]  # the forward binding's arguments, as sources
     backward_call: list[Source]  # the backward binding's arguments
     gradients: list[tuple[int, Source]] = field(default_factory=list)
+    outputs: list[Source | None] = field(default_factory=list)  # what the Function returns:
+    # what its caller (and the PyTorch function the tests compare with) gets, in that order
     # (forward argument k, where its gradient is: ("buffer", i) the backward call's i-th
     # argument after the call, or ("returned", i) the i-th value the backward call returns)
 
@@ -60,14 +73,17 @@ def _callee(node: ast.AST) -> str:
     return ""
 
 
-def _targets(target: ast.AST) -> list[tuple[str, int | None]]:
-    """Names a tuple target binds and their positions (None past a starred one)."""
+def _targets(target: ast.AST) -> list[tuple[str, int | tuple | None]]:
+    """Names a tuple target binds and their positions (None past a starred one; ("rest", k)
+    for the starred one itself, from position k on)."""
     if isinstance(target, ast.Name):
         return [(target.id, -1)]
     out, starred = [], False
     if isinstance(target, (ast.Tuple, ast.List)):
         for k, elt in enumerate(target.elts):
             if isinstance(elt, ast.Starred):
+                if not starred and isinstance(elt.value, ast.Name):
+                    out.append((elt.value.id, ("rest", k)))
                 starred = True
             elif isinstance(elt, ast.Name):
                 out.append((elt.id, None if starred else k))
@@ -89,11 +105,29 @@ class _Scope:
             if isinstance(node.value, ast.Name) and node.value.id == "ctx":
                 return self.ctx.get(node.attr)
             return None
+        if isinstance(node, ast.IfExp):  # the value or None, by a mode: the value
+            body, orelse = self.source(node.body), self.source(node.orelse)
+            if body == orelse or orelse == ("const", None):
+                return body
+            return orelse if body == ("const", None) else None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            whole, at = self.source(node.value), node.slice.value  # `rest[0]`, `results[1]`
+            if whole is None or not isinstance(at, int) or isinstance(at, bool) or at < 0:
+                return None
+            if whole[0] == "rest":
+                return (whole[1], whole[2] + at)
+            return (whole[0], at) if whole[0] in ("result", "returned") and whole[1] == -1 else None
         if isinstance(node, ast.Call):
             f = node.func
             name = _callee(node)
             if isinstance(f, ast.Attribute) and name in _KEEPS_VALUE and not node.args:
                 return self.source(f.value)
+            if name in _RESHAPES:  # `x.squeeze(1)`, `rearrange(x, "...")`, `torch.reshape(x, s)`
+                method = isinstance(f, ast.Attribute) and not (
+                    isinstance(f.value, ast.Name) and f.value.id in ("torch", "einops")
+                )
+                inner = f.value if method else (node.args[0] if node.args else None)
+                return self.source(inner) if inner is not None else None
             if name in _ZEROS:
                 like = node.args[0] if name == "zeros_like" and node.args else None
                 if name == "new_zeros" and isinstance(f, ast.Attribute):
@@ -116,6 +150,8 @@ class _Scope:
         for name, k in _targets(target):
             if k == -1:
                 self.names[name] = whole
+            elif whole[0] in ("result", "returned") and whole[1] == -1 and isinstance(k, tuple):
+                self.names[name] = ("rest", whole[0], k[1])  # `*rest`: results k[1] on
             elif whole[0] in ("result", "returned") and whole[1] == -1 and k is not None:
                 self.names[name] = (whole[0], k)  # unpacking the binding's results
             else:
@@ -162,7 +198,10 @@ def _walk_forward(fn: ast.FunctionDef, forward: str):
         elif isinstance(stmt, ast.Call) and _callee(stmt) == "save_for_backward":
             saved = [scope.source(a) for a in stmt.args]
         elif isinstance(stmt, ast.Return) and stmt.value is not None:
-            vals = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+            value = stmt.value
+            if isinstance(value, ast.IfExp):  # `out if not return_last_state else (out, s)`
+                value = value.body  # the mode the Function's defaults take
+            vals = value.elts if isinstance(value, ast.Tuple) else [value]
             returned = [scope.source(v) for v in vals]
     return call_args, scope.ctx, saved, returned
 
@@ -196,7 +235,7 @@ def _flow(cls: ast.ClassDef, forward: str, backward: str, rel: str) -> Flow | No
             if None in back_args:  # an argument computed in a way not followed: no flow
                 return None
             vals = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-            flow = Flow(forward, backward, rel, call_args, back_args)
+            flow = Flow(forward, backward, rel, call_args, back_args, outputs=returned)
             for k, v in enumerate(vals):
                 where = _gradient_place(v, scope, bwd, backward, back_args)
                 if where is not None:
@@ -208,6 +247,9 @@ def _flow(cls: ast.ClassDef, forward: str, backward: str, rel: str) -> Flow | No
 def _gradient_place(node: ast.AST, scope: _Scope, bwd, backward: str, back_args) -> Source | None:
     """Where a returned gradient is after the backward call: a buffer passed to it (by its name
     at the call), or a value it returned."""
+    if isinstance(node, ast.IfExp):  # `dD if D is not None else None`
+        none = ast.Constant(None)
+        node = node.body if ast.dump(node.orelse) == ast.dump(none) else node
     if not isinstance(node, ast.Name):
         return None
     src = scope.names.get(node.id)

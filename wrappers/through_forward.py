@@ -10,8 +10,9 @@ it runs the forward host function, then the backward one on the forward's result
 the gradients, exactly as the Function does. Its arguments are the forward's and the gradients
 of the forward's outputs; what it returns is what autograd of the forward gives.
 
-Only where the backward needs a forward result it cannot be given (a required tensor) and no
-CPU function stands beside it: a label that verifies alone stays as it is.
+Only where the backward takes a forward result and no CPU function stands beside it. Where
+every such result is optional, the backward's own test stays the fallback
+(testgen.generate): the glue is tried first because only it reaches the path the result feeds.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _result(j: int, returns: str) -> str | None:
     if j == -1:
         return "kminer_fwd"
     if re.search(r"\bvector\s*<", core):
-        return f"kminer_fwd[{j}]"
+        return f"kminer_fwd.at({j})"  # a result a mode leaves out: an error, not a crash
     if re.search(r"\btuple\s*<", core):
         return f"std::get<{j}>(kminer_fwd)"
     if re.fullmatch(r"(?:\w+::)*Tensor", core) and j == 0:
@@ -190,11 +191,17 @@ def glue(flow: Flow, fwd: Signature, bwd: Signature) -> tuple[Signature, str] | 
 
 
 def needs_forward(flow: Flow, bwd: Signature) -> bool:
-    """Whether the backward takes a forward result as a required tensor (an optional one the
-    tests can leave out: mamba's `x_`)."""
-    return any(
-        i < len(bwd.params) and not _OPTIONAL.search(bwd.params[i][0]) for i in flow.needs_results()
-    )
+    """Whether the backward takes a forward result: as a required tensor (mmcv's voxel map), or
+    as an optional one the path the tests can reach alone leaves out (mamba's scan states `x_`,
+    read only past the first chunk of a sequence, and `out_`, required once `z` is given)."""
+    return any(i < len(bwd.params) for i in flow.needs_results())
+
+
+def runs_alone(flow: Flow, bwd: Signature) -> bool:
+    """Whether the backward takes every forward result it is given as optional: its label can
+    still be tested alone where the glue finds no reference."""
+    fed = [i for i in flow.needs_results() if i < len(bwd.params)]
+    return all(_OPTIONAL.search(bwd.params[i][0]) for i in fed)
 
 
 def plan(cand, om: dict, bwd: Signature, disc, index, found: dict):

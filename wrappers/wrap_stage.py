@@ -143,10 +143,12 @@ def _behind_forward(ctx: RunContext, cand: Candidate, mined, extractor, index, c
     both.exposed = [sig, *both.exposed]  # the glue first: the function its test calls
     cand.wrapper.op_map["through_forward"] = {
         "function": sig.name,
+        "alone": through_forward.runs_alone(flow, mined.exposed[0]),
         "forward": flow.forward,
         "flow_file": flow.file,
         "gradients": [k for k, _ in flow.gradients],  # the Function's arguments, in order
         "forward_call": [list(s) for s in flow.forward_call],
+        "function_outputs": [list(s) if s else None for s in flow.outputs],
         "out_grads": [p[1].removeprefix("kminer_grad_") for p in sig.params[len(fwd_sig.params) :]],
         "forward_wrapper": {
             "launcher": chain[0], "chain": chain, "functions": [fwd_sig.name], "op_map": fwd_map,
