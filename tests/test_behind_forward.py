@@ -257,3 +257,42 @@ def test_the_reference_output_goes_where_the_function_returns_it_from():
     assert _slots(p, None) == [0, 1]  # no flow outputs: position for position
     assert _slots(p, [["result", 2]]) == [2, None]  # `last_state`: from no result of the flow
     assert _slots(p, [["result", 1], ["arg", 0]]) == [1, None]
+
+
+def test_a_backward_taking_its_forwards_results_as_optional_falls_back_to_its_own_test(
+    tmp_path,
+):
+    """Where the glue finds no reference and every forward result the backward takes is
+    optional, the backward is tested alone as before: its host function comes first again and
+    the glue's reason is kept."""
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    shutil.copytree(FIXTURE, repo)
+    cu = repo / "csrc" / "segment.cu"
+    text = cu.read_text()
+    for name in ("row_key", "rows_per_key"):
+        text = text.replace(f"const at::Tensor& {name}", f"const c10::optional<at::Tensor>& {name}")
+        text = text.replace(f"{name}.data_ptr<int>()", f"{name}.value().data_ptr<int>()")
+    cu.write_text(text)
+    tests = repo / "tests" / "test_segment.py"  # no PyTorch function beside the op any more
+    tests.write_text(
+        re.sub(r"expected = segment_\w+_ref\(.*\)", "expected = None", tests.read_text())
+    )
+    tests.write_text(
+        tests.read_text().replace("assert torch.allclose(out.cpu(), expected)", "pass")
+    )
+    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
+    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
+    store = Store.open(work)
+    try:
+        cand = next(c for c in store.iter_candidates()
+                    if c.kernel.name == "segment_mean_backward_kernel")  # fmt: skip
+    finally:
+        store.close()
+    info = cand.wrapper.op_map["through_forward"]
+    assert info["alone"] and cand.wrapper.functions[0].endswith("_through_forward")
+    generate_for(cand, RepoRefs(discover(repo)), record_repo_calls(repo, work / "rec"), work)
+    assert cand.wrapper.functions == ["segment_mean_backward",
+                                      "segment_mean_backward_through_forward"]  # fmt: skip
+    assert "through_forward" not in cand.wrapper.op_map
+    assert "no PyTorch function" in cand.wrapper.op_map["not_through_forward"]
+    assert cand.stage(StageName.TESTGEN).status == Status.SKIPPED  # (no reference alone either)
