@@ -203,7 +203,7 @@ def _macro_invokers(disc: Discovery, index: LauncherIndex, site) -> list[Item]:
             if end < len(model.code):
                 return scoped
             others = [c for c in callers if c.file != site.file]
-            return scoped + _nearest_first(others, site.file)
+            return scoped + nearest_first(others, site.file)
     return []
 
 
@@ -220,7 +220,7 @@ def exposed_for(
             if sig is not None and bindable(sig, index.enums):
                 return item, chain
             for name in item.names[:1]:
-                for caller in _nearest_first(index.callers.get(name, []), launcher.file):
+                for caller in nearest_first(index.callers.get(name, []), launcher.file):
                     if index.calls_its_own(caller, name, item):
                         continue  # `BatchNormalization_ForwardPass` in CPU/ and in CUDA/
                     if id(caller) not in seen and caller.file.endswith(HOST_SUFFIXES):
@@ -230,11 +230,12 @@ def exposed_for(
     return None
 
 
-def _nearest_first(items: list[Item], file: str) -> list[Item]:
-    """Callers sharing the longest folder prefix with `file` first (the same backend)."""
+def nearest_first(items: list, file: str) -> list:
+    """Items (callers, found kernels) sharing the longest folder prefix with `file` first (the
+    same backend)."""
     here = file.split("/")
 
-    def shared(item: Item) -> int:
+    def shared(item) -> int:
         n = 0
         for a, b in zip(here, item.file.split("/"), strict=False):
             if a != b:
@@ -242,7 +243,7 @@ def _nearest_first(items: list[Item], file: str) -> list[Item]:
             n += 1
         return n
 
-    return sorted(items, key=lambda it: (-shared(it), it.file, it.start))
+    return sorted(items, key=lambda it: (-shared(it), it.file, getattr(it, "start", 0)))
 
 
 def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: int = 3) -> None:
@@ -269,7 +270,7 @@ def _link_declared(closure: Closure, extractor: Extractor, root: Item, rounds: i
                 if it.kind == "function" and not it.device and it.names[:1] == (name,)
             ]
             if defs:
-                found.append(_nearest_first(defs, root.file)[0])
+                found.append(nearest_first(defs, root.file)[0])
         if not found:
             return
         for d in found:

@@ -57,28 +57,12 @@ def forward_of(binding: str, names) -> str | None:
     return found[0] if found else None
 
 
-def _nearest(found: dict, file: str) -> list:
-    here = file.split("/")
-
-    def shared(fk) -> int:
-        return sum(1 for _ in _common(here, fk.file.split("/")))
-
-    return sorted(found.values(), key=lambda fk: (-shared(fk), fk.file))[:MAX_KERNELS_SEARCHED]
-
-
-def _common(a: list, b: list):
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            return
-        yield x
-
-
 def forward_host(binding: str, file: str, found: dict, disc, index):
     """(exposed item, chain, op map) of the host function the forward `binding` reaches, from
     the kernels it launches (nearest `file` first); None when no kernel's chain reaches it."""
-    from wrappers.mined import exposed_for, launcher_candidates
+    from wrappers.mined import exposed_for, launcher_candidates, nearest_first
 
-    for fk in _nearest(found, file):
+    for fk in nearest_first(list(found.values()), file)[:MAX_KERNELS_SEARCHED]:
         for launcher in launcher_candidates(fk, disc, index):
             got = exposed_for(launcher, index)
             if got is None:
