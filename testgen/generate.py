@@ -28,6 +28,7 @@ from testgen.cases import (
     label_dtypes,
     plan,
 )
+from testgen.driver_twin import driver_reference
 from testgen.grad_reference import find_grad_reference
 from testgen.kernel_outputs import unchecked
 from testgen.llm_inputs import write_llm_calls
@@ -280,6 +281,9 @@ def generate_for(
         found, behind_base = (behind_found, []) if isinstance(behind_found, str) else behind_found
     elif isinstance(found, str):  # the repository's PyTorch function its tests compare with
         mined = _python_reference(cand, refs, recorded, python_fn, function, label_text, workdir)
+        if isinstance(mined, str) and sig:  # its Python's CPU driver of the op (driver_twin)
+            driven = driver_reference(cand, refs, recorded, public_names(cand), sig, workdir)
+            mined = f"{mined}; {driven}" if isinstance(driven, str) else driven
         if isinstance(mined, str):
             found = f"{found}; {mined}"
         else:

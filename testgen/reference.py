@@ -692,6 +692,27 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     )
 
 
+def module_source(refs: RepoRefs, item: Item, bind_as: str) -> str:
+    """A CPU function of the repository with its closure, as a module of its own that binds it
+    under `bind_as` (the name the repository's Python calls it by: testgen.driver_twin)."""
+    closure = cpu_closure(refs, item)
+    _, body = render_host_code(closure, refs.disc.models)
+    vendored = refs.vendored_headers(item.file, body)
+    body = "".join(f"// {rel} (whole)\n{text}\n" for rel, text in vendored) + body
+    modern = modernize(cpu_includes(closure), [body], cuda=False)
+    (body,) = modern.codes
+    if _QUALIFIERS.search(body):
+        body = HOST_QUALIFIERS + body
+    return (
+        "".join(f"{ln}\n" for ln in header_lines(modern.rewrites))
+        + "#include <torch/extension.h>\n"
+        + "".join(f"{ln}\n" for ln in modern.includes)
+        + f"{body.rstrip()}\n\n"
+        + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) "
+        + f'{{ m.def("{bind_as}", &{qualified(item)}); }}\n'
+    )
+
+
 def find_reference(
     cand: Candidate, repo_root: Path, workdir: Path, refs: RepoRefs | None = None
 ) -> Reference | str:

@@ -36,7 +36,9 @@ import math
 import re
 from dataclasses import dataclass
 
-COUNT_NAME = re.compile(r"^(?:n|b|bs|num|count|batch(?:_size)?|num_\w+|n_\w+)_?$", re.IGNORECASE)
+COUNT_NAME = re.compile(
+    r"^(?:n|b|bs|num|count|batch(?:_size)?|num_\w+|n_\w+|\w+_num|\w+_count)_?$", re.IGNORECASE
+)  # (mmcv's `pts_num`, `boxes_num`)
 # an integer whose name says it is a window or a step is no count, whatever its value
 OTHER_NAME = re.compile(r"ksize|kernel|pad|stride|dil|group|mask", re.IGNORECASE)
 
@@ -116,9 +118,12 @@ def _chance(evidence: Evidence | None, i: int, k: int) -> bool:
     return evidence is not None and (i, k) not in evidence
 
 
-def _analyse(args: list, names: list[str], evidence: Evidence | None = None) -> _Rows | None:
-    """The rows of the call, or None when changing their number may not give a valid call."""
-    data = _data(args)
+def _analyse(
+    args: list, names: list[str], evidence: Evidence | None = None, data=None
+) -> _Rows | None:
+    """The rows of the call, or None when changing their number may not give a valid call.
+    `data`: the tensor whose rows they are (default: the first floating one)."""
+    data = _data(args) if data is None else data
     if data is None or data.dim() == 0 or data.shape[0] < 2:
         return None
     n = int(data.shape[0])
@@ -170,6 +175,27 @@ def _analyse(args: list, names: list[str], evidence: Evidence | None = None) -> 
     return _Rows(n, rows, counts, perms[0] if perms else None, gathered)
 
 
+def _one_sample(args: list, names: list[str]):
+    """(the call without its batch dimension, the tensors that had it, the rows in it) for a
+    call of one sample (every tensor of two or more dimensions leads with 1, one has three or
+    more: mmcv's points
+    in boxes, (1, 15, 3) points and (1, 2, 7) boxes), whose rows are then those of any of its
+    floating tensors (the points, not the two boxes); None for any other call."""
+    lead = [i for i, a in enumerate(args) if _is_tensor(a) and a.dim() >= 2]
+    if not any(args[i].dim() >= 3 for i in lead) or any(args[i].shape[0] != 1 for i in lead):
+        return None  # (a lone (1, 3) tensor is one row, not one sample of three)
+    sample = [a[0] if i in lead else a for i, a in enumerate(args)]
+    for data in (a for a in sample if _is_tensor(a) and a.is_floating_point()):
+        r = _analyse(sample, names, None, data)
+        if r is not None:
+            return sample, lead, r
+    return None
+
+
+def _batched(new: list, lead: list[int]) -> list:
+    return [a.unsqueeze(0).contiguous() if i in lead else a for i, a in enumerate(new)]
+
+
 def row_subsets(
     args: list, names: list[str] | None = None, evidence: Evidence | None = None
 ) -> list[tuple[int, list]]:
@@ -178,7 +204,15 @@ def row_subsets(
     names = list(names or []) + [""] * (len(args) - len(names or []))
     r = _analyse(args, names, evidence)
     if r is None:
-        return []
+        one = _one_sample(args, names)
+        if one is None:
+            return []
+        sample, lead, r = one
+        return [(m, _batched(new, lead)) for m, new in _subsets(sample, r)]
+    return _subsets(args, r)
+
+
+def _subsets(args: list, r: _Rows) -> list[tuple[int, list]]:
     perm = args[r.perm] if r.perm is not None else None
     out = []
     for m in row_counts(r.n):
@@ -225,7 +259,16 @@ def more_rows(
     names = list(names or []) + [""] * (len(args) - len(names or []))
     r = _analyse(args, names, evidence)
     if r is None:
-        return None
+        one = _one_sample(args, names)
+        if one is None:
+            return None
+        sample, lead, r = one
+        got = _more(sample, r, max_elements)
+        return None if got is None else (got[0], _batched(got[1], lead))
+    return _more(args, r, max_elements)
+
+
+def _more(args: list, r: _Rows, max_elements: int):
     per_row = sum(args[i].numel() // r.n for i in r.rows)
     m = min(max(4 * r.n + 3, 157), max_elements // max(1, per_row))
     m -= 1 - m % 2

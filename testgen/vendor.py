@@ -103,15 +103,17 @@ def _stand_in(module: str) -> str:
     return f"# {module}'s functions in plain torch (kminer's stand-in)\n" + text.strip() + "\n"
 
 
-def vendor_function(repo: Path, file: str, name: str) -> str:
-    """The function's source with its needs; '!why' when it cannot stand alone."""
+def vendor_function(repo: Path, file: str, name: str, given: tuple[str, ...] = ()) -> str:
+    """The function's source with its needs; '!why' when it cannot stand alone. `given`: names
+    of the function's module the caller defines after it (testgen.driver_twin's extension
+    module), neither vendored nor followed."""
     walk = _Walk(repo.resolve())
     unavailable: dict[str, str] = {}  # names that stand in as _Unavailable, and why
     seen: set[tuple[Path, str]] = set()
     walk.todo.append((walk.repo / file, name, 0))  # 0: the reference, 1: what it reads, 2: deeper
     while walk.todo:
         path, wanted, depth = walk.todo.pop()
-        if (path, wanted) in seen:
+        if (path, wanted) in seen or (wanted in given and path == walk.repo / file):
             continue
         seen.add((path, wanted))
         if len(seen) > MAX_ITEMS:

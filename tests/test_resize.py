@@ -260,3 +260,23 @@ def test_counts_that_collide_by_chance_are_told_apart_by_the_other_calls():
     # a size that moves with the count at a second dimension still stops the resize
     sq0, sq1 = [torch.rand(2, 2)], [torch.rand(3, 3)]
     assert row_subsets(sq1, ["a"], row_evidence([sq0, sq1])) == []
+
+
+def test_a_call_of_one_sample_gets_its_rows_within_the_sample():
+    """mmcv's points in boxes: (1, 15, 3) points, (1, 2, 7) boxes, a (1, 15, 2) output and the
+    counts `boxes_num`, `pts_num`; the rows are the points (the boxes' two rows are also the
+    output's last dimension), counted by `pts_num`."""
+    boxes, points, out = torch.rand(1, 2, 7), torch.rand(1, 15, 3), torch.zeros(1, 15, 2)
+    args, names = [1, 2, 15, boxes, points, out], ["batch_size", "boxes_num", "pts_num"]
+    cuts = row_subsets(args, names)
+    assert [m for m, _ in cuts] == [1, 8]
+    m, cut = cuts[1]
+    assert cut[2] == 8 and cut[3] is not boxes and cut[3].equal(boxes)  # the boxes unchanged
+    assert cut[4].shape == (1, 8, 3) and cut[4].equal(points[:, :8])
+    assert cut[5].shape == (1, 8, 2) and cut[:2] == [1, 2]
+    m, more = more_rows(args, names)
+    assert m == 157 and more[2] == 157 and more[4].shape == (1, 157, 3)
+    assert more[4][:, :15].equal(points)  # every recorded point stays, the others drawn
+    # two samples: their rows are not cut apart (a batch of two is no list of points)
+    two = [2, 2, 15, torch.rand(2, 2, 7), torch.rand(2, 15, 3), torch.zeros(2, 15, 2)]
+    assert row_subsets(two, names) == []
