@@ -166,6 +166,16 @@ def test_a_flow_through_reshapes_the_rest_of_an_unpacking_and_values_or_none(tmp
     _, code = glue(flow, fwd, bwd)
     call = "scan_bwd(u, B, D, z, kminer_grad_2.contiguous(), kminer_fwd.at(1), kminer_fwd.at(0), "
     assert call + "c10::nullopt, sp);" in code
+    # a literal for a non-const reference (mamba's `c10::optional<at::Tensor>& dz_`): a local
+    mutable = parse_signature(
+        str(bwd.returns) + " scan_bwd(" + ", ".join(
+            f"{t.replace('const ', '') if n == 'dz' else t} {n}" for t, n in bwd.params
+        ) + ") {}", "scan_bwd", "",
+    )  # fmt: skip
+    _, code = glue(flow, fwd, mutable)
+    assert "  c10::optional<at::Tensor> & kminer_arg_7 = c10::nullopt;" not in code
+    assert "  c10::optional<at::Tensor> kminer_arg_7 = c10::nullopt;" in code
+    assert "kminer_fwd.at(0), kminer_arg_7, sp);" in code
     returned = ", ".join(f"kminer_bwd.at({i})" for i in range(4))
     assert f"return {{{returned}}};" in code
     # a reshape of something else, or a value-or-something-else, is not followed

@@ -145,6 +145,10 @@ def glue(flow: Flow, fwd: Signature, bwd: Signature) -> tuple[Signature, str] | 
             e = f"kminer_buffer_{i}"
         elif src[0] == "out_grad":
             e += ".contiguous()"
+        elif src[0] == "const" and "&" in type_text and "const" not in type_text.split():
+            # a literal for a non-const reference (mamba's `c10::optional<at::Tensor>& dz_`)
+            lines.append(f"  {type_text.replace('&', '').strip()} kminer_arg_{i} = {e};")
+            e = f"kminer_arg_{i}"
         args.append(e)
     returned = "void" not in bwd.returns.split()
     call = f"{_target(bwd)}({', '.join(args)});"
