@@ -97,17 +97,28 @@ def _parsed(path: Path) -> ast.Module | None:
         return None
 
 
-def driver_twins(refs, binding: str) -> list[DriverTwin]:
-    """Every CPU driver beside a module-level Python function that calls `binding`."""
-    root = Path(refs.disc.root)
-    found = []
+@functools.cache
+def _python_texts(root: Path) -> tuple[tuple[Path, str], ...]:
+    """The repository's Python files and their text, read once per repository (every
+    candidate without a reference asks)."""
+    out = []
     for path in sorted(root.rglob("*.py")):
         if ".git" in path.parts:
             continue
         try:
-            if binding not in path.read_text("utf-8", errors="replace"):
-                continue
+            if path.stat().st_size <= MAX_FILE_BYTES:
+                out.append((path, path.read_text("utf-8", errors="replace")))
         except OSError:
+            continue
+    return tuple(out)
+
+
+def driver_twins(refs, binding: str) -> list[DriverTwin]:
+    """Every CPU driver beside a module-level Python function that calls `binding`."""
+    root = Path(refs.disc.root)
+    found = []
+    for path, text in _python_texts(root):
+        if binding not in text:
             continue
         tree = _parsed(path)
         if tree is None:
