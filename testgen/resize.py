@@ -178,14 +178,17 @@ def _analyse(
 def _one_sample(args: list, names: list[str]):
     """(the call without its batch dimension, the tensors that had it, the rows in it) for a
     call of one sample (every tensor of two or more dimensions leads with 1, one has three or
-    more: mmcv's points
+    more; the rows, items of 2 to 9 coordinates: mmcv's points
     in boxes, (1, 15, 3) points and (1, 2, 7) boxes), whose rows are then those of any of its
     floating tensors (the points, not the two boxes); None for any other call."""
     lead = [i for i, a in enumerate(args) if _is_tensor(a) and a.dim() >= 2]
     if not any(args[i].dim() >= 3 for i in lead) or any(args[i].shape[0] != 1 for i in lead):
         return None  # (a lone (1, 3) tensor is one row, not one sample of three)
     sample = [a[0] if i in lead else a for i, a in enumerate(args)]
-    for data in (a for a in sample if _is_tensor(a) and a.is_floating_point()):
+    # the rows are items of a few coordinates each (points, boxes), never a feature map's
+    # channels: mmcv's roi_align with one roi leads every tensor with 1 too
+    items = [a for a in sample if _is_tensor(a) and a.is_floating_point() and a.dim() == 2]
+    for data in (a for a in items if 2 <= a.shape[1] <= 9):
         r = _analyse(sample, names, None, data)
         if r is not None:
             return sample, lead, r
