@@ -302,6 +302,30 @@ def test_the_calls_a_package_init_makes_run_before_the_tests(tmp_path):
     assert [c.args[1] for c in calls["reserve_forward"]] == [10]
 
 
+def test_an_op_a_package_init_defines_itself_records(tmp_path):
+    """A small package defines its ops in `__init__` itself; the recorder never runs
+    `__init__`, so `from boxlib import inside` gave a stub and nothing was recorded. The
+    imports and definitions of `__init__` now run, each on its own, when such a name is first
+    asked for (a framework import that fails is left out)."""
+    repo = write_tree(
+        tmp_path / "repo",
+        {
+            "boxlib/__init__.py": "import framework_that_is_not_installed  # noqa\n"
+            "import torch\nimport box_ext as ext\n\nSCALE = 2\n\n\n"
+            "def inside(points, boxes):\n"
+            "    out = points.new_zeros(points.shape[0], dtype=torch.int)\n"
+            "    ext.inside_forward(boxes, points * SCALE, out)\n    return out\n",
+            "setup.py": "from torch.utils.cpp_extension import CUDAExtension\n"
+            "CUDAExtension(name='box_ext', sources=['box.cu'])\n",
+            "tests/test_inside.py": "import torch\nfrom boxlib import inside\n\n\n"
+            "def test_inside():\n    inside(torch.ones(3, 2).cuda(), torch.zeros(1, 4).cuda())\n",
+        },
+    )
+    calls = record_repo_calls(repo, tmp_path / "cache")
+    (call,) = calls["inside_forward"]
+    assert call.args[1].tolist() == [[2.0, 2.0]] * 3 and call.args[2].dtype == torch.int32
+
+
 def test_a_check_script_beside_a_package_in_a_source_folder_records(tmp_path):
     """Pytorch-Correlation-extension keeps its package in `Correlation_Module/` (setup.py's
     `package_dir`), binds a top-level extension, and has no tests: only a top-level `check.py`

@@ -270,7 +270,35 @@ class _Package(types.ModuleType):
                 return importlib.import_module(f"{self.__name__}.{attr}")
             except Exception as exc:
                 raise AttributeError(attr) from exc
+        if attr in self._defined():  # an op its __init__ defines itself (a small package)
+            self._run_init()
+            if attr in self.__dict__:
+                return self.__dict__[attr]
         raise AttributeError(attr)
+
+    def _defined(self) -> set:
+        """The functions and classes its `__init__` defines at its top level."""
+        return {
+            node.name
+            for node in self._init_tree().body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
+
+    def _run_init(self) -> None:
+        """Its `__init__`'s imports and definitions, run once in its namespace, each statement
+        on its own (one that fails, a framework import, is left out; nothing else runs)."""
+        if self.__dict__.get("_kminer_ran"):
+            return
+        self.__dict__["_kminer_ran"] = True
+        self.__dict__.setdefault("__package__", self.__name__)
+        kinds = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.FunctionDef,
+                 ast.AsyncFunctionDef, ast.ClassDef)  # fmt: skip
+        for node in self._init_tree().body:
+            if not isinstance(node, kinds):
+                continue
+            code = compile(ast.Module(body=[node], type_ignores=[]), self.__file__, "exec")
+            with contextlib.suppress(Exception):
+                exec(code, self.__dict__)
 
     def _submodule(self, attr) -> bool:
         """Whether `attr` names a module of this package: a source file or folder beside its
