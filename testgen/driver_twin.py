@@ -20,15 +20,14 @@ parameters and writes a (B, N) output) fails the reference's check on the record
 from __future__ import annotations
 
 import ast
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from testgen import pysources
 from testgen.carry import Unmappable, bound_function, carry_down
 from testgen.python_reference import Pairing, checked_reference
 from testgen.vendor import vendor_function
 
-MAX_FILE_BYTES = 1_000_000
 _KEEPS = {"contiguous", "float", "detach", "clone"}  # what the driver does to a parameter
 _CPU_WORDS = ("cpu", "host")
 
@@ -43,6 +42,7 @@ class DriverTwin:
     cpu_driver: str
     module: str  # the name the CPU driver reaches its extension by (`ext_module`)
     cpu_binding: str
+    cpp: str  # the C++ function the CPU binding exposes
     args: tuple  # the CUDA binding's arguments' sources
 
 
@@ -87,40 +87,13 @@ def _arg_source(node: ast.expr, params: list[str], returned: set[str]) -> tuple 
     return None
 
 
-@functools.cache
-def _parsed(path: Path) -> ast.Module | None:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return None
-        return ast.parse(path.read_text("utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
-@functools.cache
-def _python_texts(root: Path) -> tuple[tuple[Path, str], ...]:
-    """The repository's Python files and their text, read once per repository (every
-    candidate without a reference asks)."""
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        if ".git" in path.parts:
-            continue
-        try:
-            if path.stat().st_size <= MAX_FILE_BYTES:
-                out.append((path, path.read_text("utf-8", errors="replace")))
-        except OSError:
-            continue
-    return tuple(out)
-
-
 def driver_twins(refs, binding: str) -> list[DriverTwin]:
     """Every CPU driver beside a module-level Python function that calls `binding`."""
     root = Path(refs.disc.root)
     found = []
-    for path, text in _python_texts(root):
-        if binding not in text:
-            continue
-        tree = _parsed(path)
+    for path in sorted(root.rglob("*.py")):  # text and trees cached per process (pysources)
+        source = pysources.text(path) if ".git" not in path.parts else None
+        tree = pysources.tree(path) if source and binding in source else None
         if tree is None:
             continue
         fns = _module_functions(tree)
@@ -143,7 +116,7 @@ def driver_twins(refs, binding: str) -> list[DriverTwin]:
                     if item is None or cpu_binding == binding:
                         continue
                     rel = str(path.relative_to(root))
-                    found.append(DriverTwin(rel, name, other, module, cpu_binding, args))
+                    found.append(DriverTwin(rel, name, other, module, cpu_binding, cpp, args))
                     break
     return found
 
@@ -256,8 +229,7 @@ def driver_reference(cand, refs, recorded, bindings: list[str], host, workdir: P
             if body.startswith("!"):
                 problems.append(f"{twin.cpu_driver}: {body[1:]}")
                 continue
-            cpp = bound_function(refs, twin.cpu_binding, cpu_side=True)
-            item = refs.definition(cpp, host_side=True)
+            item = refs.definition(twin.cpp, host_side=True)
             adapter = _adapter(twin, [n for _, n in host], at)
             if adapter is None:
                 problems.append(f"{twin.cpu_driver}: a parameter the label does not take")
@@ -265,7 +237,7 @@ def driver_reference(cand, refs, recorded, bindings: list[str], host, workdir: P
             loader = _LOADER.format(
                 source=module_source(refs, item, twin.cpu_binding),
                 binding=twin.cpu_binding,
-                cpp=cpp,
+                cpp=twin.cpp,
                 file=item.file,
                 module=twin.module,
             )

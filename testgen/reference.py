@@ -615,9 +615,31 @@ def qualified(item: Item) -> str:
     return "::".join((*ns, item.names[0]))
 
 
+def _host_source(refs: RepoRefs, closure: Closure, file: str, code: str = "") -> tuple[str, str]:
+    """(the head: rewrite headers, torch's and the closure's includes; the closure's code with
+    the whole headers it needs, then `code`) of a CPU build, modernized together."""
+    _, body = render_host_code(closure, refs.disc.models)
+    vendored = refs.vendored_headers(file, body)
+    body = (
+        "".join(
+            f"// {rel} (whole: a library the repository ships)\n{text}\n" for rel, text in vendored
+        )
+        + body
+    )
+    modern = modernize(cpu_includes(closure), [body, code], cuda=False)
+    body, code = modern.codes
+    if _QUALIFIERS.search(body):  # a CPU twin copied from CUDA code keeps its qualifiers
+        body = HOST_QUALIFIERS + body
+    head = (
+        "".join(f"{ln}\n" for ln in header_lines(modern.rewrites))
+        + "#include <torch/extension.h>\n"
+        + "".join(f"{ln}\n" for ln in modern.includes)
+    )
+    return head, f"{body.rstrip()}\n\n{code}"
+
+
 def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
     closure = loc.closure or cpu_closure(refs, loc.cpu)
-    _, body = render_host_code(closure, refs.disc.models)
     cpu = qualified(loc.cpu)
     called = f"{cpu}<{loc.template_args}>" if loc.template_args else cpu  # T not from `double eps`
     overloads = sum(
@@ -663,29 +685,15 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
             f"{note}\n// {loc.exposed.name} ({loc.mechanism})",
             widen_ints=loc.mechanism == "python branch",
         )
-    vendored = refs.vendored_headers(loc.cpu.file, body)
-    body = (
-        "".join(
-            f"// {rel} (whole: a library the repository ships)\n{text}\n" for rel, text in vendored
-        )
-        + body
-    )
+    head, source = _host_source(refs, closure, loc.cpu.file, code)
     prov = cand.provenance
-    modern = modernize(cpu_includes(closure), [body, code], cuda=False)
-    body, code = modern.codes
-    if _QUALIFIERS.search(body):  # a CPU twin copied from CUDA code keeps its qualifiers
-        body = HOST_QUALIFIERS + body
     return (
         f"// kminer reference {cand.id}: {cpu} ({loc.mechanism}) for {loc.exposed.name}\n"
         f"// from {prov.repo_url} @ {prov.commit[:12]}  {loc.cpu.file}:{loc.cpu.line}  "
         f"license: {prov.license}\n"
         "// Build: torch.utils.cpp_extension.load(name, sources=[this file]), CPU only. "
         "`reference` takes\n// the arguments of the label's first function, in its order. "
-        "-DKMINER_BATCH leaves out the module.\n"
-        + "".join(f"{ln}\n" for ln in header_lines(modern.rewrites))
-        + "#include <torch/extension.h>\n"
-        + "".join(f"{ln}\n" for ln in modern.includes)
-        + f"// kminer-label-body-begin\n{body.rstrip()}\n\n{code}"
+        "-DKMINER_BATCH leaves out the module.\n" + head + f"// kminer-label-body-begin\n{source}"
         f'void kminer_bind(pybind11::module_& m) {{ m.def("reference", {target}); }}\n'
         "// kminer-label-body-end\n\n#ifndef KMINER_BATCH\n"
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { kminer_bind(m); }\n#endif\n"
@@ -695,22 +703,9 @@ def render(cand: Candidate, loc: Located, refs: RepoRefs) -> str:
 def module_source(refs: RepoRefs, item: Item, bind_as: str) -> str:
     """A CPU function of the repository with its closure, as a module of its own that binds it
     under `bind_as` (the name the repository's Python calls it by: testgen.driver_twin)."""
-    closure = cpu_closure(refs, item)
-    _, body = render_host_code(closure, refs.disc.models)
-    vendored = refs.vendored_headers(item.file, body)
-    body = "".join(f"// {rel} (whole)\n{text}\n" for rel, text in vendored) + body
-    modern = modernize(cpu_includes(closure), [body], cuda=False)
-    (body,) = modern.codes
-    if _QUALIFIERS.search(body):
-        body = HOST_QUALIFIERS + body
-    return (
-        "".join(f"{ln}\n" for ln in header_lines(modern.rewrites))
-        + "#include <torch/extension.h>\n"
-        + "".join(f"{ln}\n" for ln in modern.includes)
-        + f"{body.rstrip()}\n\n"
-        + "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) "
-        + f'{{ m.def("{bind_as}", &{qualified(item)}); }}\n'
-    )
+    head, source = _host_source(refs, cpu_closure(refs, item), item.file)
+    bind = f'{{ m.def("{bind_as}", &{qualified(item)}); }}'
+    return f"{head}{source}PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {bind}\n"
 
 
 def find_reference(

@@ -193,6 +193,23 @@ def git_repo(path: Path, files: dict[str, str | bytes]) -> Path:
     return path
 
 
+def mined_labels(repo: Path, work: Path) -> dict:
+    """The repository mined into `work` up to its labels (no build: nvcc is not needed), its
+    candidates by kernel name."""
+    import subprocess
+    import sys
+
+    from miner.store import Store
+
+    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
+    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
+    store = Store.open(work)
+    try:
+        return {c.kernel.name: c for c in store.iter_candidates()}
+    finally:
+        store.close()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """In CI a skipped test is a failure: `make test` installs every tool a test needs, so a
     skip there means a test that silently stopped testing."""

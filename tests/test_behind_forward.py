@@ -4,18 +4,16 @@ import base64
 import io
 import re
 import shutil
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import mined_labels
 
 from curation.instructions import Description, complete_text
 from miner.candidate import StageName, Status
 from miner.discover import discover
-from miner.store import Store
 from testgen.generate import generate_for
 from testgen.inputs import record_repo_calls
 from testgen.reference import RepoRefs
@@ -24,7 +22,6 @@ from wrappers.signature import parse_signature
 from wrappers.through_forward import glue, needs_forward, runs_alone
 
 FIXTURE = Path(__file__).parent / "fixtures" / "segrepo"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _inputs(test_file: Path) -> bytes:
@@ -40,14 +37,7 @@ def mined(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("seg")
     repo, work = tmp / "repo", tmp / "work"
     shutil.copytree(FIXTURE, repo)
-    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
-    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
-    store = Store.open(work)
-    try:
-        cands = {c.kernel.name: c for c in store.iter_candidates()}
-    finally:
-        store.close()
-    return repo, work, cands
+    return repo, work, mined_labels(repo, work)
 
 
 def test_the_functions_flow_says_which_forward_result_each_backward_argument_is():
@@ -290,14 +280,7 @@ def test_a_backward_taking_its_forwards_results_as_optional_falls_back_to_its_ow
     tests.write_text(
         tests.read_text().replace("assert torch.allclose(out.cpu(), expected)", "pass")
     )
-    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
-    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
-    store = Store.open(work)
-    try:
-        cand = next(c for c in store.iter_candidates()
-                    if c.kernel.name == "segment_mean_backward_kernel")  # fmt: skip
-    finally:
-        store.close()
+    cand = mined_labels(repo, work)["segment_mean_backward_kernel"]
     info = cand.wrapper.op_map["through_forward"]
     assert info["alone"] and cand.wrapper.functions[0].endswith("_through_forward")
     generate_for(cand, RepoRefs(discover(repo)), record_repo_calls(repo, work / "rec"), work)

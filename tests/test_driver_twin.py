@@ -1,23 +1,20 @@
 """The repository's CPU driver of an op (a Python function beside the CUDA one) as its reference."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import mined_labels
 
 from miner.candidate import StageName, Status
 from miner.discover import discover
-from miner.store import Store
 from testgen.driver_twin import driver_twins
 from testgen.generate import generate_for
 from testgen.inputs import record_repo_calls
 from testgen.reference import RepoRefs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "boxrepo"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_cpu_driver_beside_the_cuda_one_and_how_the_binding_arguments_map():
@@ -45,13 +42,7 @@ def test_the_kernel_is_checked_against_the_cpu_driver_over_its_own_binding(tmp_p
     built from the CPU binding's C++; the one recorded call of one sample gets more points."""
     repo, work = tmp_path / "repo", tmp_path / "work"
     shutil.copytree(FIXTURE, repo)
-    cmd = [sys.executable, "-m", "miner.cli", "mine", str(repo), "-w", str(work), "--llm", "none"]
-    subprocess.run([*cmd, "--stages", "discover,closure,wrap"], check=True, cwd=ROOT)
-    store = Store.open(work)
-    try:
-        cand = next(iter(store.iter_candidates()))
-    finally:
-        store.close()
+    cand = mined_labels(repo, work)["points_in_boxes_all_kernel"]
     generate_for(cand, RepoRefs(discover(repo)), record_repo_calls(repo, work / "rec"), work)
     done = cand.stage(StageName.TESTGEN)
     assert done.status == Status.OK, done.detail

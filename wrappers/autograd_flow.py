@@ -247,9 +247,9 @@ def _flow(cls: ast.ClassDef, forward: str, backward: str, rel: str) -> Flow | No
 def _gradient_place(node: ast.AST, scope: _Scope, bwd, backward: str, back_args) -> Source | None:
     """Where a returned gradient is after the backward call: a buffer passed to it (by its name
     at the call), or a value it returned."""
-    if isinstance(node, ast.IfExp):  # `dD if D is not None else None`
-        none = ast.Constant(None)
-        node = node.body if ast.dump(node.orelse) == ast.dump(none) else node
+    none = isinstance(node, ast.IfExp) and isinstance(node.orelse, ast.Constant)
+    if none and node.orelse.value is None:  # `dD if D is not None else None`
+        node = node.body
     if not isinstance(node, ast.Name):
         return None
     src = scope.names.get(node.id)
