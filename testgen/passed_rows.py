@@ -5,6 +5,10 @@ there is the data stepped by rows: `offset_rois = bottom_rois + n * 5`, `boxes[i
 by a local constant (`int roi_cols = 5; ... bottom_rois + n * roi_cols`). Without that width a
 probe drafts the tensor with one dimension, every draft reads past its end, and the calls that
 are left (a dimension more, rows as wide as the draft's size) say nothing of the real layout.
+The data may go through a launching function first (torch-points-kernels' host function hands
+`idx.DATA_PTR<int>()` to `three_interpolate_kernel_wrapper`, which hands it on to the kernel
+that reads `idx[j * 3 + 0]`), and the data call may be spelled through a macro that picks
+`data` or `data_ptr` by torch version.
 """
 
 from __future__ import annotations
@@ -17,6 +21,20 @@ DATA = r"(?:data_ptr|data|mutable_data_ptr|const_data_ptr)"  # the calls giving 
 _QUALIFIERS = re.compile(r"\s*(?:const\b|noexcept\b|override\b|\s)*")
 _TYPES = r"(?:const\s+|constexpr\s+|static\s+)*(?:int|int64_t|int32_t|long|size_t|auto|unsigned)"
 MAX_WIDTH = 64
+PASS_DEPTH = 2  # functions a pointer is handed on through before one steps it
+
+
+def data_macros(code: str) -> str:
+    """`code` with each object-like macro that stands for a data call (`#define DATA_PTR
+    data_ptr`, one definition per torch version) spelled as that call."""
+    names = {
+        m[1]
+        for m in re.finditer(rf"#\s*define\s+([A-Za-z_]\w*)[ \t]+{DATA}[ \t]*$", code, re.M)
+    }
+    if not names:
+        return code
+    spelled = rf"((?:\.|->)\s*)(?:{'|'.join(map(re.escape, sorted(names)))})\b"
+    return re.sub(spelled, r"\1data_ptr", code)
 
 
 def passed_row(code: str, name: str) -> int | None:
@@ -27,12 +45,24 @@ def passed_row(code: str, name: str) -> int | None:
     widths: set[int] = set()
     for m in re.finditer(handed, code):
         at = _argument(code, m.start())
-        if at is None:
-            continue
-        callee, index = at
-        for param, body in _definitions(code, callee, index):
-            widths |= row_widths(body, param, code)
+        if at is not None:
+            widths |= _widths_in(code, *at)
     return single_width(widths)
+
+
+def _widths_in(code: str, callee: str, index: int, depth: int = 0) -> set[int]:
+    """Widths argument `index` of `callee` is stepped by: in its body, else in the functions
+    the body hands that parameter on to whole (a launcher passing its pointer to the kernel)."""
+    widths: set[int] = set()
+    for param, body in _definitions(code, callee, index):
+        found = row_widths(body, param, code)
+        if not found and depth < PASS_DEPTH:
+            for m in re.finditer(rf"(?<=[(,])\s*{re.escape(param)}\s*(?=[,)])", body):
+                at = _argument(body, m.start() + 1)
+                if at is not None and at[0] != callee:
+                    found |= _widths_in(code, *at, depth=depth + 1)
+        widths |= found
+    return widths
 
 
 def single_width(widths: set[int]) -> int | None:

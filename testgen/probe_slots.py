@@ -20,7 +20,7 @@ from miner.textprep import split_top
 from testgen.llm_inputs import param_kind
 from testgen.made_inputs import C_DTYPES
 from testgen.passed_rows import DATA as _DATA
-from testgen.passed_rows import passed_row, row_widths, single_width
+from testgen.passed_rows import data_macros, passed_row, row_widths, single_width
 from wrappers.adapter import aliases as type_aliases
 
 _DTYPES = {  # made_inputs' C types, and those only a probe meets (flags, bytes, unsigned)
@@ -373,6 +373,7 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
     """A slot per parameter, tensors with what `texts` (code, its names for the parameters by
     position) say of them; None when a parameter is of a kind no draft makes."""
     slots, aliases = [], {}
+    texts = [(data_macros(code), names) for code, names in texts]
     for code, _ in texts:
         aliases |= type_aliases(code)  # the adapter's reading of `using` and `typedef`
     for i, (type_text, _) in enumerate(params):

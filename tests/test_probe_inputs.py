@@ -155,6 +155,52 @@ def test_rows_of_data_handed_to_a_function_or_a_kernel_fix_the_last_dimension():
     assert found.row == 5  # the local constant alone
 
 
+RELAYED = """
+#ifdef TORCH_OLD
+#define DATA_PTR data
+#else
+#define DATA_PTR data_ptr
+#endif
+__global__ void blend_kernel(int b, int c, int m, int n, const float* __restrict__ feats,
+                             const int* __restrict__ idx, const float* __restrict__ w,
+                             float* __restrict__ out) {
+  idx += blockIdx.x * n * 3;
+  w += blockIdx.x * n * 3;
+  for (int i = threadIdx.x; i < c * n; i += blockDim.x) {
+    const int j = i % n;
+    out[i] = feats[idx[j * 3 + 0]] * w[j * 3 + 0] + feats[idx[j * 3 + 1]] * w[j * 3 + 1];
+  }
+}
+void blend_launcher(int b, int c, int m, int n, const float* feats, const int* idx,
+                    const float* w, float* out) {
+  blend_kernel<<<b, 256>>>(b, c, m, n, feats, idx, w, out);
+}
+at::Tensor blend(at::Tensor feats, at::Tensor idx, at::Tensor w) {
+  at::Tensor out = torch::zeros({feats.size(0), feats.size(1), idx.size(1)}, feats.options());
+  blend_launcher(feats.size(0), feats.size(1), feats.size(2), idx.size(1),
+                 feats.DATA_PTR<float>(), idx.DATA_PTR<int>(), w.DATA_PTR<float>(),
+                 out.DATA_PTR<float>());
+  return out;
+}
+"""
+
+
+def test_rows_of_data_relayed_through_a_launcher_under_a_data_macro_fix_the_last_dimension():
+    """torch-points-kernels reads a tensor's data through `DATA_PTR` (a macro for `data` or
+    `data_ptr` by torch version) and hands it to a launcher that hands it on to the kernel,
+    which alone steps it by rows of 3. Before, the probe saw neither the dtype nor the rows:
+    it drafted `idx` as (n, n), the CPU twin read n neighbours a row where the kernel reads 3,
+    and every drafted case disagreed on the GPU."""
+    params = [("at::Tensor", "feats"), ("at::Tensor", "idx"), ("at::Tensor", "w")]
+    slots = slots_for(params, [(RELAYED, [n for _, n in params])])
+    feats, idx, w = (s.facts for s in slots)
+    assert idx.dtypes == [torch.int32] and feats.dtypes == [torch.float32]
+    assert idx.row == 3 and w.row == 3 and feats.row is None
+    assert idx.shape(10, 0) == [10, 3]
+    unrelayed = RELAYED.replace("blend_kernel<<<b, 256>>>(b, c, m, n, feats, idx, w, out)", "")
+    assert slots_for(params, [(unrelayed, [n for _, n in params])])[1].facts.row is None
+
+
 def test_rois_handed_to_a_cpu_loop_are_drafted_as_rows_it_reads_clean(tmp_path):
     """The probe's calls of a ROI op whose CPU twin reads rows of five only inside the loop it
     hands the data to: each kept call has rois of five columns, with as many rows as drafted."""
