@@ -28,8 +28,7 @@ def data_macros(code: str) -> str:
     """`code` with each object-like macro that stands for a data call (`#define DATA_PTR
     data_ptr`, one definition per torch version) spelled as that call."""
     names = {
-        m[1]
-        for m in re.finditer(rf"#\s*define\s+([A-Za-z_]\w*)[ \t]+{DATA}[ \t]*$", code, re.M)
+        m[1] for m in re.finditer(rf"#\s*define\s+([A-Za-z_]\w*)[ \t]+{DATA}[ \t]*$", code, re.M)
     }
     if not names:
         return code
