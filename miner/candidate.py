@@ -66,6 +66,10 @@ class Reason(StrEnum):
     # every differing case gave another result when the label or the reference ran again on
     # the same input: no case can judge the kernel (never called a mismatch)
     NONDETERMINISTIC = "nondeterministic"
+    # the repository's kernel and its own reference disagree on most inputs kminer made and too
+    # few cases are left to judge it: the reference computes something else (a sign, a layout),
+    # or the made inputs break a contract neither side checks
+    REFERENCE_DISAGREES = "reference_disagrees"
     NO_GPU = "no_gpu"
     # any stage: a bug of kminer's on this candidate (the traceback is in the run's log); the
     # result is not keyed, so the next run tries again

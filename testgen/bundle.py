@@ -39,6 +39,7 @@ REASONS = {
     "no_reference": Reason.NO_REFERENCE,
     "weak_test": Reason.WEAK_TEST,
     "nondeterministic": Reason.NONDETERMINISTIC,
+    "reference_disagrees": Reason.REFERENCE_DISAGREES,
     "no_cases": Reason.NO_CASES,  # the reference refused every case: nothing judged the kernel
     "internal_error": Reason.INTERNAL_ERROR,
 }

@@ -136,6 +136,13 @@ BATCH = [
         "label": fake("calibrated"),
         "variants": [("no_write", fake("v_calibrated")), ("no_write", fake("v_mismatch"))],
     },
+    {  # the label and its reference disagree on every made case: one recorded case is left
+        "id": "disagrees",
+        "label": fake("disagrees"),
+        "min_cases": 5,
+        "min_shapes": 3,
+        "variants": [("no_write", fake("v_pass"))],
+    },
     {  # a variant that gives another result each run where the label passed: killed
         "id": "judged",
         "label": fake("pass"),
@@ -235,6 +242,7 @@ def test_batch_completes_with_every_outcome(batch):
         "short": ("weak_test", "run"),
         "unmeasured": ("weak_test", "run"),
         "calibrated": ("pass", "run"),
+        "disagrees": ("reference_disagrees", "run"),
         "faulted": ("pass", "run"),
         "aborted": ("pass", "run"),
         "aborted_legacy": ("pass", "run"),
@@ -260,6 +268,25 @@ def test_variants_leave_out_the_cases_the_labels_run_found_outside_the_contract(
     assert runner.outside_cases(entry["cases"]) == {"case_1": case_1["note"][len("invalid: ") :]}
     assert [v["outcome"] for v in entry["variants"]] == ["pass", "mismatch"]
     assert entry["kill_rate"] == 1.0
+
+
+def test_a_reference_that_disagrees_on_most_cases_is_named_not_a_weak_test(batch):
+    """ScaledL2's CPU twin in PyTorch-Encoding returns the centres' gradient with the opposite
+    sign: the label's run finds every case kminer made outside the contract and passes the one
+    left, and so does every wrong variant. That is a reference computing something else (its
+    own closed reason), not a test too weak to tell."""
+    entry = batch[1]["entries"]["disagrees"]
+    assert entry["outcome"] == "reference_disagrees"
+    assert entry["detail"] == (
+        "the repository's kernel and its reference disagree on 4 of the 5 cases, 1 left to "
+        "judge it by: the reference computes something else, or the inputs kminer made break "
+        "a contract neither checks"
+    )
+    assert [v["outcome"] for v in entry["variants"]] == ["pass"]
+    from miner.candidate import Reason
+    from testgen.bundle import REASONS
+
+    assert REASONS["reference_disagrees"] is Reason.REFERENCE_DISAGREES
 
 
 def test_a_variant_unstable_where_the_label_was_judged_is_killed(batch):
@@ -385,7 +412,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
     sources |= {fake(n).read_bytes() for n in ("v_unstable", "aborts", "aborts_legacy")}
-    assert len(builds) == len(sources) == 19
+    sources |= {fake("disagrees").read_bytes()}
+    assert len(builds) == len(sources) == 20
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

@@ -90,7 +90,7 @@ except ImportError:  # in a bundle: beside run.py
     import toolchain
 
 OUTCOMES = ("pass", "mismatch", "build_error", "import_error", "crash", "timeout")
-OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases")
+OUTCOMES += ("no_reference", "weak_test", "nondeterministic", "no_cases", "reference_disagrees")
 OUTCOMES += ("internal_error",)  # a bug of this runner
 INVALID = "invalid"  # a variant that does not build: neither killed nor survived
 MAX_FAULTED_CASES = 3  # label runs again without a made case it faulted on, at most this often
@@ -244,6 +244,11 @@ class Check:
 
 
 OUTSIDE_NOTE = "invalid: outside the op's contract"  # the test's note on such a case
+# such a case's note where the repository's kernel ran and gave another result than its
+# reference: where these outnumber the cases left, the reference computes something else (a
+# sign, a layout, a hash fold) or the inputs break a contract neither side checks
+# (reference_disagrees)
+DISAGREE_NOTE = "the repository's kernel and its reference disagree"
 # a recorded case only the GPU's fused multiply-adds move the repository's kernel off its
 # reference on (the test's _fused_rounding_explains): left out of later runs the same way
 ROUNDING_NOTE = "invalid: rounding"
@@ -530,6 +535,8 @@ class Runner:
                 res["cases"] = cases if isinstance(cases, list) else []
                 res["kernel_time_us"] = label.report.get("kernel_time_us")
             res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
+            if label.outcome == "no_cases":  # nothing was left to judge it by
+                _disagreeing(res)
             if label.outcome != "pass":
                 return res
             res["_sources"] = sources
@@ -562,9 +569,10 @@ class Runner:
             res.update(outcome="weak_test", detail=f"passed every wrong variant of: {kinds}")
         valid = [c for c in res["cases"] if isinstance(c, dict) and c.get("ok") is not None]
         shapes = len({json.dumps(c.get("shape")) for c in valid})
-        if res["outcome"] == "pass" and (
-            len(valid) < entry.get("min_cases", 0) or shapes < entry.get("min_shapes", 0)
-        ):
+        short = len(valid) < entry.get("min_cases", 0) or shapes < entry.get("min_shapes", 0)
+        if short and _disagreeing(res):  # whatever its variants did
+            pass
+        elif res["outcome"] == "pass" and short:
             need = f"{entry.get('min_cases', 0)} over {entry.get('min_shapes', 0)}"
             res.update(
                 outcome="weak_test",
@@ -575,6 +583,24 @@ class Runner:
             why = f"none of its {made} wrong variants built" if made else "no wrong variant"
             res.update(outcome="weak_test", detail=f"{why}: its kill rate is unmeasured")
         return res
+
+
+def _disagreeing(res: dict) -> bool:
+    """Name the outcome `reference_disagrees` where the repository's kernel and its reference
+    disagreed on more of the label's cases than are left to judge it by (too few, the caller
+    found): no test of it can pass a correct kernel."""
+    cases = [c for c in res["cases"] if isinstance(c, dict)]
+    valid = [c for c in cases if c.get("ok") is not None]
+    disagreeing = [c for c in cases if DISAGREE_NOTE in str(c.get("note", ""))]
+    if len(disagreeing) <= len(valid):
+        return False
+    res.update(
+        outcome="reference_disagrees",
+        detail=f"the repository's kernel and its reference disagree on {len(disagreeing)} of "
+        f"the {len(cases)} cases, {len(valid)} left to judge it by: the reference computes "
+        "something else, or the inputs kminer made break a contract neither checks",
+    )
+    return True
 
 
 def _takes_prebuilt(test: Path) -> bool:
