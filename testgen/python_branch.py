@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from testgen.vendor import ALLOWED_ROOTS
 
 _SKIP_DIRS = {".git", "build", "dist", "node_modules", "__pycache__"}
 _CUDA_WORDS = ("cuda", "gpu")
+_RANDOM = re.compile(r"random|shuffle|^rand|stochastic", re.IGNORECASE)  # flags for randomness
 
 
 @dataclass(frozen=True)
@@ -208,24 +210,29 @@ def cpu_call_args(
     twin: BranchTwin, cuda_params: list[str], cpu_params: list[str], cpu_names: list[str] | None
 ) -> list[str] | str:
     """The CPU function's arguments as C++ expressions of the CUDA function's parameters (the
-    CUDA call passes the bound C++ function's parameters in order), or why they cannot be."""
+    CUDA call passes the bound C++ function's parameters in order), or why they cannot be. A
+    flag the branch sets to switch randomness on (`tpcpu.fps(xyz, npoint, True)`, the CPU
+    side's `bool random`: a random first point) is passed false: the CUDA call takes no such
+    flag and runs the deterministic way, and a reference that draws its own random numbers
+    can agree with no kernel."""
     exprs: list[str | None] = [None] * len(cpu_params)
+    names = cpu_names or cpu_params
 
-    def expr(source) -> str | None:
+    def expr(source, at: int) -> str | None:
         if source[0] == "const":
-            return cpp_literal(source[1])
+            randomizes = source[1] is True and _RANDOM.search(names[at] if at < len(names) else "")
+            return cpp_literal(False if randomizes else source[1])
         k = source[1]
         return cuda_params[k] if k < len(cuda_params) else None
 
     if len(twin.args) > len(cpu_params):
         return f"{twin.cpu_binding} is called with more arguments than it takes"
     for k, source in enumerate(twin.args):
-        exprs[k] = expr(source)
-    names = cpu_names or cpu_params
+        exprs[k] = expr(source, k)
     for name, source in twin.keywords:
         if name not in names:
             return f"{twin.cpu_binding} takes no argument named {name}"
-        exprs[names.index(name)] = expr(source)
+        exprs[names.index(name)] = expr(source, names.index(name))
     if None in exprs:
         missing = [p for p, e in zip(cpu_params, exprs, strict=True) if e is None]
         return f"{twin.cpu_binding}'s {', '.join(missing)} is not given by its call ({twin.where})"

@@ -53,6 +53,13 @@ def scale(x, alpha, beta):
         return cpu.scale_cpu(x, alpha)  # beta: the CPU side ignores it
 
 
+def sample(points, n):
+    if points.is_cuda:
+        return gpu.sample(points, n)
+    else:
+        return cpu.sample_cpu(points, n, True)  # a random first point on the CPU side only
+
+
 def count(x, k):
     if not x.is_cuda:
         return cpu.count_cpu(x, x.shape[0])  # an argument the CUDA call never had
@@ -85,9 +92,18 @@ std::pair<at::Tensor, at::Tensor> query(at::Tensor x, at::Tensor y, float radius
       ind.data_ptr<long>(), m);
   return {ind, x};
 }
+__global__ void sample_kernel(const float* points, int n, long* out) {
+  if (threadIdx.x < n) out[threadIdx.x] = threadIdx.x;
+}
+at::Tensor sample(at::Tensor points, int n) {
+  auto out = torch::zeros({n}, points.options().dtype(torch::kLong));
+  sample_kernel<<<1, 256>>>(points.data_ptr<float>(), n, out.data_ptr<long>());
+  return out;
+}
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("interpolate", &interpolate);
   m.def("query", &query);
+  m.def("sample", &sample);
 }
 """
 
@@ -101,8 +117,13 @@ std::pair<at::Tensor, at::Tensor> radius_query(at::Tensor x, at::Tensor y, float
   auto ind = torch::where((x - y) < radius, torch::full_like(x, max_num), torch::full_like(x, -1));
   return {ind.to(torch::kLong), x};
 }
+at::Tensor sample_cpu(at::Tensor points, int n, bool random) {
+  auto first = random ? at::randperm(points.size(0)).item<long>() : 0;
+  return torch::arange(first, first + n);
+}
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("knn_interpolate", &knn_interpolate, "", "features"_a, "idx"_a, "weight"_a);
+  m.def("sample_cpu", &sample_cpu, "", "points"_a, "n"_a, "random"_a);
   m.def("radius_query", &radius_query, "ball query (-1 pads)", "support"_a, "query"_a,
         "radius"_a, "max_num"_a = -1, "mode"_a = 0, "sorted"_a = false);
 }
@@ -135,9 +156,10 @@ def test_the_other_branch_of_a_python_device_test_is_the_cuda_bindings_cpu_side(
     assert query.keywords == (("mode", ("const", 0)), ("sorted", ("const", False)))
     assert twins["nearest"] == [] and twins["count"] == []
 
-    cands, refs = repo_candidates(repo, "interpolate_kernel", "query_kernel")
+    kernels = ("interpolate_kernel", "query_kernel", "sample_kernel")
+    cands, refs = repo_candidates(repo, *kernels)
     found = {}
-    for kernel, cand in zip(("interpolate_kernel", "query_kernel"), cands, strict=True):
+    for kernel, cand in zip(kernels, cands, strict=True):
         loc = locate(cand, refs)
         assert not isinstance(loc, str), loc
         found[kernel] = (loc.mechanism, loc.cpu.names[0], loc.args)
@@ -151,6 +173,10 @@ def test_the_other_branch_of_a_python_device_test_is_the_cuda_bindings_cpu_side(
         "radius_query",
         ["x", "y", "radius", "n", "0", "false"],
     )
+    # the CPU side's random first point is switched off: the CUDA op takes no such flag
+    (sample,) = branch_twins(repo, "sample")
+    assert sample.args == (("arg", 0), ("arg", 1), ("const", True))
+    assert found["sample_kernel"] == ("python branch", "sample_cpu", ["points", "n", "false"])
 
 
 def test_the_tests_calls_of_the_cpu_binding_are_calls_of_the_cuda_one(tmp_path):
