@@ -143,6 +143,13 @@ BATCH = [
         "min_shapes": 3,
         "variants": [("no_write", fake("v_pass"))],
     },
+    {  # the label gives another result each run on every made case: one case is left
+        "id": "random",
+        "label": fake("random"),
+        "min_cases": 5,
+        "min_shapes": 3,
+        "variants": [("no_write", fake("v_pass"))],
+    },
     {  # a variant that gives another result each run where the label passed: killed
         "id": "judged",
         "label": fake("pass"),
@@ -243,6 +250,7 @@ def test_batch_completes_with_every_outcome(batch):
         "unmeasured": ("weak_test", "run"),
         "calibrated": ("pass", "run"),
         "disagrees": ("reference_disagrees", "run"),
+        "random": ("nondeterministic", "run"),
         "faulted": ("pass", "run"),
         "aborted": ("pass", "run"),
         "aborted_legacy": ("pass", "run"),
@@ -270,7 +278,7 @@ def test_variants_leave_out_the_cases_the_labels_run_found_outside_the_contract(
     assert entry["kill_rate"] == 1.0
 
 
-def test_a_reference_that_disagrees_on_most_cases_is_named_not_a_weak_test(batch):
+def test_a_test_short_for_why_its_cases_were_left_out_is_named_so(batch):
     """ScaledL2's CPU twin in PyTorch-Encoding returns the centres' gradient with the opposite
     sign: the label's run finds every case kminer made outside the contract and passes the one
     left, and so does every wrong variant. That is a reference computing something else (its
@@ -283,6 +291,14 @@ def test_a_reference_that_disagrees_on_most_cases_is_named_not_a_weak_test(batch
         "a contract neither checks"
     )
     assert [v["outcome"] for v in entry["variants"]] == ["pass"]
+    # pytorch_cluster's random walk draws its own numbers: its one case left is no weak test
+    random = batch[1]["entries"]["random"]
+    assert (random["outcome"], random["kill_rate"]) == ("nondeterministic", 0.0)
+    assert random["detail"] == (
+        "the label or its reference gives another result when run again on 4 of the 5 cases, "
+        "1 left to judge it by: the op draws its own random numbers or races, and no "
+        "order-free comparison fits it"
+    )
     from miner.candidate import Reason
     from testgen.bundle import REASONS
 
@@ -412,8 +428,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
     sources |= {fake(n).read_bytes() for n in ("v_unstable", "aborts", "aborts_legacy")}
-    sources |= {fake("disagrees").read_bytes()}
-    assert len(builds) == len(sources) == 20
+    sources |= {fake("disagrees").read_bytes(), fake("random").read_bytes()}
+    assert len(builds) == len(sources) == 21
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

@@ -244,11 +244,26 @@ class Check:
 
 
 OUTSIDE_NOTE = "invalid: outside the op's contract"  # the test's note on such a case
-# such a case's note where the repository's kernel ran and gave another result than its
-# reference: where these outnumber the cases left, the reference computes something else (a
-# sign, a layout, a hash fold) or the inputs break a contract neither side checks
-# (reference_disagrees)
-DISAGREE_NOTE = "the repository's kernel and its reference disagree"
+# why a label's cases were left out, where that is why too few are left to judge the kernel:
+# (the case's note begins, the outcome, the detail's words)
+LEFT_OUT = (
+    (
+        f"{OUTSIDE_NOTE}: the repository's kernel and its reference disagree",
+        "reference_disagrees",
+        "the repository's kernel and its reference disagree on",
+    ),
+    (
+        "invalid: nondeterministic",
+        "nondeterministic",
+        "the label or its reference gives another result when run again on",
+    ),
+)
+LEFT_OUT_WHY = {
+    "reference_disagrees": "the reference computes something else, or the inputs kminer made "
+    "break a contract neither checks",
+    "nondeterministic": "the op draws its own random numbers or races, and no order-free "
+    "comparison fits it",
+}
 # a recorded case only the GPU's fused multiply-adds move the repository's kernel off its
 # reference on (the test's _fused_rounding_explains): left out of later runs the same way
 ROUNDING_NOTE = "invalid: rounding"
@@ -536,7 +551,7 @@ class Runner:
                 res["kernel_time_us"] = label.report.get("kernel_time_us")
             res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
             if label.outcome == "no_cases":  # nothing was left to judge it by
-                _disagreeing(res)
+                _mostly_left_out(res)
             if label.outcome != "pass":
                 return res
             res["_sources"] = sources
@@ -570,7 +585,7 @@ class Runner:
         valid = [c for c in res["cases"] if isinstance(c, dict) and c.get("ok") is not None]
         shapes = len({json.dumps(c.get("shape")) for c in valid})
         short = len(valid) < entry.get("min_cases", 0) or shapes < entry.get("min_shapes", 0)
-        if short and _disagreeing(res):  # whatever its variants did
+        if short and _mostly_left_out(res):  # whatever its variants did
             pass
         elif res["outcome"] == "pass" and short:
             need = f"{entry.get('min_cases', 0)} over {entry.get('min_shapes', 0)}"
@@ -585,22 +600,25 @@ class Runner:
         return res
 
 
-def _disagreeing(res: dict) -> bool:
-    """Name the outcome `reference_disagrees` where the repository's kernel and its reference
-    disagreed on more of the label's cases than are left to judge it by (too few, the caller
-    found): no test of it can pass a correct kernel."""
+def _mostly_left_out(res: dict) -> bool:
+    """Name the outcome after why the label's cases were left out, where as many were left out
+    for it as are left to judge the kernel by (too few, the caller found): the repository's
+    kernel and its reference disagreeing (`reference_disagrees`), or the label or the
+    reference giving another result when run again (`nondeterministic`: a random walk that
+    draws its own numbers). Either says more than a weak test, and no test of it can pass a
+    correct kernel."""
     cases = [c for c in res["cases"] if isinstance(c, dict)]
     valid = [c for c in cases if c.get("ok") is not None]
-    disagreeing = [c for c in cases if DISAGREE_NOTE in str(c.get("note", ""))]
-    if len(disagreeing) <= len(valid):
-        return False
-    res.update(
-        outcome="reference_disagrees",
-        detail=f"the repository's kernel and its reference disagree on {len(disagreeing)} of "
-        f"the {len(cases)} cases, {len(valid)} left to judge it by: the reference computes "
-        "something else, or the inputs kminer made break a contract neither checks",
-    )
-    return True
+    for note, outcome, what in LEFT_OUT:
+        hit = [c for c in cases if str(c.get("note", "")).startswith(note)]
+        if hit and len(hit) >= len(valid):
+            res.update(
+                outcome=outcome,
+                detail=f"{what} {len(hit)} of the {len(cases)} cases, {len(valid)} left to "
+                f"judge it by: {LEFT_OUT_WHY[outcome]}",
+            )
+            return True
+    return False
 
 
 def _takes_prebuilt(test: Path) -> bool:
