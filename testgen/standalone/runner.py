@@ -601,17 +601,18 @@ class Runner:
 
 
 def _mostly_left_out(res: dict) -> bool:
-    """Name the outcome after why the label's cases were left out, where as many were left out
-    for it as are left to judge the kernel by (too few, the caller found): the repository's
-    kernel and its reference disagreeing (`reference_disagrees`), or the label or the
-    reference giving another result when run again (`nondeterministic`: a random walk that
+    """Name the outcome after why the label's cases were left out, where most were left out for
+    one reason and as many as are left to judge the kernel by (too few, the caller found): the
+    repository's kernel and its reference disagreeing (`reference_disagrees`), or the label or
+    the reference giving another result when run again (`nondeterministic`: a random walk that
     draws its own numbers). Either says more than a weak test, and no test of it can pass a
     correct kernel."""
     cases = [c for c in res["cases"] if isinstance(c, dict)]
     valid = [c for c in cases if c.get("ok") is not None]
+    left_out = len(cases) - len(valid)
     for note, outcome, what in LEFT_OUT:
         hit = [c for c in cases if str(c.get("note", "")).startswith(note)]
-        if hit and len(hit) >= len(valid):
+        if hit and len(hit) >= len(valid) and 2 * len(hit) > left_out:  # most of those
             res.update(
                 outcome=outcome,
                 detail=f"{what} {len(hit)} of the {len(cases)} cases, {len(valid)} left to "
