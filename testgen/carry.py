@@ -21,6 +21,8 @@ from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable, evaluate, run_statements
 
 _DISPATCH = re.compile(r"\b(?:DISPATCH_DEVICE_IMPL|DISPATCH_\w*IMPL)\b")
+# a module's bindings (a caller of every op, calling none): no step of an op's chain
+_REGISTRATION = re.compile(r"^(?:PYBIND11_MODULE|TORCH_LIBRARY\w*)$")
 
 
 def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
@@ -30,7 +32,7 @@ def descent(cand: Candidate, python_fn: str) -> list[tuple[str, str]]:
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     if exposed == python_fn:  # the label binds the repository's own binding function
         return []
-    chain = [f for f in op.get("chain", []) if f not in ("PYBIND11_MODULE", python_fn)]
+    chain = [f for f in op.get("chain", []) if f != python_fn and not _REGISTRATION.match(f)]
     if exposed in chain:
         chain = chain[chain.index(exposed) :]
     down = list(reversed(chain))  # device_fn ... exposed
@@ -85,8 +87,9 @@ def bound_function(
     `aggregate_forward`), the one among `within` (a candidate's chain), else one defined in GPU
     sources (the recorder pretends CUDA: the tests' calls take the GPU path), else the first;
     `cpu_side`: the binding called on CPU tensors, so one defined outside GPU sources."""
-    pattern = re.compile(
-        rf'\.(?:def|impl)\s*\(\s*"{re.escape(python_fn)}"\s*,\s*&?\s*([A-Za-z_][\w:]*)'
+    pattern = re.compile(  # `m.impl(TORCH_SELECTIVE_NAME("pyg::fps"), TORCH_FN(fps_cuda))` too
+        r'\.(?:def|impl)\s*\(\s*(?:TORCH_SELECTIVE_NAME\s*\(\s*)?"(?:\w+::)?'
+        rf'{re.escape(python_fn)}(?:\.\w+)?"\s*\)?\s*,\s*(?:TORCH_FN\s*\(\s*)?&?\s*([A-Za-z_][\w:]*)'
     )
     found = [
         m.group(1).split("::")[-1]
@@ -105,8 +108,14 @@ def bound_function(
 
 
 def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:
-    """The name of the repository's function behind a binding: its own, or the one
-    `bound_function` finds where no function of the repository has the binding's name."""
+    """The name of the repository's function behind a binding: the CUDA function the
+    dispatcher runs for an op registered per device (pyg-lib's `torch.ops.pyg.grid_cluster`
+    reaches `grid_cluster_cuda`; its C++ `grid_cluster` only calls the dispatcher), its own,
+    or the one `bound_function` finds where no function of the repository has its name."""
+    registered = getattr(refs, "registry", {})
+    for (key, device), fn in registered.items():
+        if device == "CUDA" and key.split("::")[-1] == python_fn and refs.params_of(fn):
+            return fn
     if refs.params_of(python_fn) is not None:
         return python_fn
     cpp = bound_function(refs, python_fn, within)

@@ -58,6 +58,7 @@ from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
 from testgen.python_branch import branch_twins
 from testgen.python_branch import cpu_call_args as python_cpu_args
+from testgen.registrations import registrations
 from wrappers.adapter import aliases
 from wrappers.kernel_twin import twin_names
 from wrappers.legacy import header_lines, modernize
@@ -65,7 +66,6 @@ from wrappers.mined import LauncherIndex
 from wrappers.opmap import TWINS
 from wrappers.signature import Signature, parse_signature, specialized
 
-_REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _CPU_WORD = re.compile(r"cpu|CPU|Cpu")
 _STEM = re.compile(r"_?(?:cuda|cpu|gpu)", re.IGNORECASE)
 # a word naming another accelerator's backend (mmcv's `get_indice_pairs_forward_mlu` and
@@ -141,9 +141,9 @@ class RepoRefs:
                 if item.names and not item.device and item.kind in ("function", "decl"):
                     into = self.defs if item.kind == "function" else self.decls
                     into.setdefault(item.names[0], []).append(item)
-            if "REGISTER_" in model.code:
-                for m in _REGISTER.finditer(model.code):
-                    self.registry.setdefault((m.group(1), m.group(2).upper()), m.group(3))
+            if "REGISTER_" in model.code or "TORCH_LIBRARY_IMPL" in model.code:
+                for key, device, fn in registrations(model.code, model.text):
+                    self.registry.setdefault((key, device), fn)
         resolver = IncludeResolver(list(disc.models))
         self.linearizer = Linearizer(disc.models, resolver, cpu_env())
         self._graph = include_graph(disc.models, resolver)
