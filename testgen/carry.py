@@ -112,9 +112,8 @@ def defined_name(refs, python_fn: str, within: tuple[str, ...] = ()) -> str:
     dispatcher runs for an op registered per device (pyg-lib's `torch.ops.pyg.grid_cluster`
     reaches `grid_cluster_cuda`; its C++ `grid_cluster` only calls the dispatcher), its own,
     or the one `bound_function` finds where no function of the repository has its name."""
-    registered = getattr(refs, "registry", {})
-    for (key, device), fn in registered.items():
-        if device == "CUDA" and key.split("::")[-1] == python_fn and refs.params_of(fn):
+    for (key, device), fn in refs.registry.items():  # the dispatcher's keys: `ns::op`
+        if device == "CUDA" and key.endswith(f"::{python_fn}") and refs.params_of(fn):
             return fn
     if refs.params_of(python_fn) is not None:
         return python_fn
