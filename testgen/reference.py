@@ -2,7 +2,8 @@
 
 Tests compare the label with the CPU code the repository ships for the same op, found in this
 order: a registry (mmcv: `REGISTER_DEVICE_IMPL(key, CPU, fn)` beside the CUDA registration of
-the label's chain, or of a sibling key the op function calls instead with the same arguments),
+the label's chain, or of a sibling key the op function calls instead with the same arguments;
+PyTorch's dispatcher: `TORCH_LIBRARY_IMPL(ns, CPU, m)` beside the op's CUDA block, pyg-lib),
 a direct call (an op function that calls the launcher on GPU and `*_cpu`
 otherwise, as mmcv's nms_rotated does), a `_cuda`→`_cpu` style twin (pytorch_scatter), a twin
 taking one group of a launcher's groups (group_twin), the launcher's own CPU branch (spconv's

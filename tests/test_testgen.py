@@ -130,6 +130,7 @@ def test_a_binding_named_unlike_its_function_is_carried_to_that_function():
     refs = SimpleNamespace(
         disc=SimpleNamespace(models={"s.cpp": SimpleNamespace(text=text)}),
         params_of=params.get,
+        registry={},  # no op registered per device (TORCH_LIBRARY_IMPL)
     )
     assert bound_function(refs, "fwd") == "selective_scan_fwd"
     assert bound_function(refs, "bwd") is None
