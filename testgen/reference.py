@@ -36,6 +36,7 @@ from miner.filemodel import Item
 from miner.includes import IncludeResolver, exists_on_system, is_torch_header
 from miner.launches import include_graph
 from miner.linearize import Linearizer
+from miner.registrations import registrations
 from miner.repo_model import Discovery
 from miner.sources import GPU_SOURCE
 from miner.textprep import blank_comments_and_strings
@@ -59,7 +60,6 @@ from testgen.op_loop import op_loop
 from testgen.pointer_twin import pointer_adapter, pointer_reference, twin_reference
 from testgen.python_branch import branch_twins
 from testgen.python_branch import cpu_call_args as python_cpu_args
-from testgen.registrations import registrations
 from wrappers.adapter import aliases
 from wrappers.kernel_twin import twin_names
 from wrappers.legacy import header_lines, modernize

@@ -1,5 +1,5 @@
 """An op's CPU and CUDA functions linked by their registrations with PyTorch's dispatcher
-(testgen.registrations), as pyg-lib, torchvision and torchaudio register theirs: the CPU
+(miner.registrations), as pyg-lib, torchvision and torchaudio register theirs: the CPU
 function is the reference whatever its name, and a test's `torch.ops.<ns>.<op>` call is a call
 of the CUDA function."""
 
@@ -9,11 +9,11 @@ import torch
 from conftest import write_tree
 from test_reference import repo_candidates
 
+from miner.registrations import registrations
 from miner.textprep import blank_comments_and_strings
 from testgen.carry import bound_function, carry_down, defined_name
 from testgen.inputs import RecordedCall
 from testgen.reference import locate
-from testgen.registrations import registrations
 
 CPU = """#include <ATen/ATen.h>
 #include <torch/library.h>
@@ -99,6 +99,15 @@ def test_an_op_registered_per_device_has_its_cpu_function_as_reference(tmp_path)
     )
     (cand,), refs = repo_candidates(repo, "scale_cuda_kernel")
     assert cand.wrapper.functions == ["scale_kernel"]
+    # the wrap stage's op map reads the same registrations: the CPU side of one name is the
+    # definition beside its CPU registration, not the CUDA file's
+    om = cand.wrapper.op_map
+    assert (om["dispatch_key"], om["device_fn"], om["registered_in"]) == (
+        "pkg::scale",
+        "scale_kernel",
+        "csrc/cuda/scale.cu",
+    )
+    assert (om["cpu_fn"], om["cpu_file"]) == ("scale_kernel", "csrc/cpu/scale.cpp")
     loc = locate(cand, refs)
     assert not isinstance(loc, str), loc
     assert (loc.mechanism, loc.cpu.file, loc.args) == (

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 
 from miner.filemodel import Item
+from miner.registrations import registrations as registered
 from miner.repo_model import Discovery
 
-_REGISTER = re.compile(r"\b(REGISTER_\w*IMPL\w*)\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
 _PYDEF = re.compile(r"\bm\.def\s*\(\s*\"(\w+)\"\s*,\s*&?\s*([\w:]+)")
 # torch::RegisterOperators().op("ns::name", &fn): the op is torch.ops.ns.name
 _REGOP = re.compile(r"\.op\s*\(\s*\"(?:\w+::)?(\w+)\"\s*,\s*&?\s*([\w:]+)")
@@ -81,16 +81,16 @@ def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) ->
     """Everything known about the op around `chain` (launcher first, exposed function last)."""
     functions = functions_by_name(disc)
     names = _callers_up(chain, callers, disc)
-    registrations = []
-    for rel, model in disc.models.items():
-        if "REGISTER_" in model.code:
-            registrations += [
-                (m.group(2), m.group(3), m.group(4), rel) for m in _REGISTER.finditer(model.code)
-            ]
+    registrations = [
+        (key, device, fn, rel)
+        for rel, model in disc.models.items()
+        if "REGISTER_" in model.code or "TORCH_LIBRARY_IMPL" in model.code
+        for key, device, fn in registered(model.code, model.text)
+    ]
     bindings = binding_names(disc)
     result: dict = {"launcher": chain[0] if chain else "", "chain": names}
     for key, device, fn, rel in registrations:
-        if fn in names and device.upper() == "CUDA":
+        if fn in names and device == "CUDA":
             result.update(dispatch_key=key, device_fn=fn, registered_in=rel)
             op_def = functions.get(key, [])
             if op_def:
@@ -108,8 +108,13 @@ def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) ->
             if cpu:
                 break
     if cpu:
-        fn = cpu[0][0]
-        result.update(cpu_fn=fn, cpu_file=functions[fn][0].file if fn in functions else cpu[0][1])
+        fn, registered_in = cpu[0]
+        # one name on both sides (pyg-lib's scatter_sum_kernel): the definition beside the CPU
+        # registration, else one outside a CUDA source
+        defs = sorted(
+            functions.get(fn, []), key=lambda d: (d.file != registered_in, d.file.endswith(".cu"))
+        )
+        result.update(cpu_fn=fn, cpu_file=defs[0].file if defs else registered_in)
     public = [bindings[n] for n in names if n in bindings]
     if key:
         public += [

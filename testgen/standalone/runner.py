@@ -245,25 +245,22 @@ class Check:
 
 OUTSIDE_NOTE = "invalid: outside the op's contract"  # the test's note on such a case
 # why a label's cases were left out, where that is why too few are left to judge the kernel:
-# (the case's note begins, the outcome, the detail's words)
+# (the case's note begins, the outcome, the detail's words, what it means)
 LEFT_OUT = (
     (
         f"{OUTSIDE_NOTE}: the repository's kernel and its reference disagree",
         "reference_disagrees",
         "the repository's kernel and its reference disagree on",
+        "the reference computes something else, or the inputs kminer made break a contract "
+        "neither checks",
     ),
     (
         "invalid: nondeterministic",
         "nondeterministic",
         "the label or its reference gives another result when run again on",
+        "the op draws its own random numbers or races, and no order-free comparison fits it",
     ),
 )
-LEFT_OUT_WHY = {
-    "reference_disagrees": "the reference computes something else, or the inputs kminer made "
-    "break a contract neither checks",
-    "nondeterministic": "the op draws its own random numbers or races, and no order-free "
-    "comparison fits it",
-}
 # a recorded case only the GPU's fused multiply-adds move the repository's kernel off its
 # reference on (the test's _fused_rounding_explains): left out of later runs the same way
 ROUNDING_NOTE = "invalid: rounding"
@@ -610,13 +607,13 @@ def _mostly_left_out(res: dict) -> bool:
     cases = [c for c in res["cases"] if isinstance(c, dict)]
     valid = [c for c in cases if c.get("ok") is not None]
     left_out = len(cases) - len(valid)
-    for note, outcome, what in LEFT_OUT:
+    for note, outcome, what, why in LEFT_OUT:
         hit = [c for c in cases if str(c.get("note", "")).startswith(note)]
         if hit and len(hit) >= len(valid) and 2 * len(hit) > left_out:  # most of those
             res.update(
                 outcome=outcome,
                 detail=f"{what} {len(hit)} of the {len(cases)} cases, {len(valid)} left to "
-                f"judge it by: {LEFT_OUT_WHY[outcome]}",
+                f"judge it by: {why}",
             )
             return True
     return False

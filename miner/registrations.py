@@ -23,6 +23,7 @@ _REGISTER = re.compile(r"\bREGISTER_\w*IMPL\w*\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\
 _LIBRARY_IMPL = re.compile(r"\bTORCH_LIBRARY_IMPL\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)\s*\{")
 _NAME = re.compile(r'^(?:TORCH_SELECTIVE_NAME\s*\(\s*)?"([\w:.]+)"\s*\)?$')
 _FUNCTION = re.compile(r"^(?:TORCH_FN\s*\(\s*)?&?\s*((?:\w+::)*\w+)\s*\)?$")
+_HANDLE_IMPL = r"\b{}\s*\.\s*impl\s*\("
 
 
 def registrations(code: str, text: str) -> list[tuple[str, str, str]]:
@@ -33,9 +34,8 @@ def registrations(code: str, text: str) -> list[tuple[str, str, str]]:
     for block in _LIBRARY_IMPL.finditer(code):
         namespace, device, handle = block[1], block[2].upper(), block[3]
         end = bracket_end(code, block.end() - 1, "{", "}") or len(code)
-        for call in re.finditer(rf"\b{re.escape(handle)}\s*\.\s*impl\s*\(", code[:end]):
-            if call.start() < block.end():
-                continue
+        impl = re.compile(_HANDLE_IMPL.format(re.escape(handle)))
+        for call in impl.finditer(code, block.end(), end):  # this block's calls only
             close = bracket_end(code, call.end() - 1, "(", ")")
             args = split_top(text[call.end() : close - 1]) if close else []
             if len(args) != 2:
