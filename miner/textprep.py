@@ -172,6 +172,26 @@ def bracket_end(code: str, i: int, op: str, cl: str, limit: int | None = None) -
 _BARE_CALL = re.compile(r"(?<![\w.>:])([A-Z_][A-Z0-9_]+)\s*\(")
 
 
+def enclosing_calls(code: str, pos: int) -> list[str]:
+    """The names before the parentheses still open at `pos` within its statement, innermost
+    first (`["", "TORCH_CHECK"]` inside `TORCH_CHECK((x.dim() >= 2) && ...)`, `["if"]` in an
+    if's condition): what a condition there decides."""
+    names, depth = [], 0
+    for i in range(pos - 1, -1, -1):
+        c = code[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            if depth == 0:
+                name = re.search(r"(\w+)\s*$", code[:i])
+                names.append(name.group(1) if name else "")
+            else:
+                depth -= 1
+        elif c in ";{}":
+            break
+    return names
+
+
 def blank_bare_macro_calls(source: str) -> str:
     """The source with each statement that is only a macro call written without a semicolon
     (`FOO(T, 32, 8)` on its own line inside a function, as SparseConvNet expands its launch

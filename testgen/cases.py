@@ -571,7 +571,7 @@ def plan(
             k, args = max(calls, key=lambda c: int(base[c[0]].args[i].shape[dim]))
             how = f"dimension {dim} of argument {i} set to {size}, which launches the kernel"
             selecting(f"select{i}_dim{dim}_{size}_of_{k}", k, args, how)
-    recorded = range(min(len(base), MAX_RANK_BASES)) if ranks and not whole else ()
+    recorded = range(min(len(base), MAX_RANK_BASES)) if ranks else ()
     for k in recorded:  # each recorded call: its modes may reach another specialization
         for n, (how, args) in enumerate(rank_variants(base[k].args, ranks)):
             selecting(f"rank{n}_of_{k}", k, args, how)

@@ -351,7 +351,8 @@ def generate_for(
         selectors,
         sized,
         whole=source == "probe" or bool(behind),  # (a glue's gradients fit no cut rows)
-        ranks=rank_choices(label_text, params or []),
+        # (a probe's drafts are valid only as drafted; a glue's forward inputs take any rank)
+        ranks=rank_choices(label_text, params or []) if source != "probe" else {},
     )
     order_free = order_free_reason(label_text)
     sorted_last = caller_sorts(Path(refs.disc.root), public_names(cand))

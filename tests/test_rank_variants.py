@@ -31,7 +31,8 @@ def _call(up=2):
 
 
 def test_the_ranks_a_condition_takes_either_of():
-    assert rank_choices(HOST, NAMES) == {1: {1, 2}, 2: {1, 2}}  # x: one rank only
+    either = {(1, 1), (2, 2)}
+    assert rank_choices(HOST, NAMES) == {1: either, 2: either}  # x: one rank only
     assert rank_choices(HOST.replace("||", "&&"), NAMES) == {}
 
 
@@ -51,6 +52,43 @@ def test_each_argument_at_its_other_rank_then_all_together():
     assert at_rank(torch.rand(3), 2).shape == (1, 3) and at_rank(torch.rand(3), 3) is None
 
 
+# mamba's selective scan, written afresh: B per step (batch, groups, state, length) or one per
+# channel, shaped like A; only a check's threshold is a requirement
+SCAN = """
+std::vector<at::Tensor> scan_fwd(const at::Tensor& u, const at::Tensor& A, const at::Tensor& B,
+                                 const at::Tensor& C) {
+  TORCH_CHECK(u.dim() >= 3, "u is (batch, dim, length)");
+  TORCH_CHECK((C.dim() > 1) && C.is_cuda());
+  const bool is_variable_B = B.dim() >= 3;
+  if (!is_variable_B) {
+    CHECK_SHAPE(B, dim, dstate);
+  }
+  return {u};
+}
+"""
+SCAN_NAMES = ["u", "A", "B", "C"]
+
+
+def test_a_threshold_outside_a_check_gets_a_case_at_the_rank_across_it():
+    """Before, only `x.dim() == 1 || x.dim() == 2` was read: mamba's tests pass B only per step
+    and the per-channel specialization (`if constexpr (!kIsVariableB)` in its kernels) ran in
+    no case, so a wrong variant there passed (the backward's first op_swap on the H100)."""
+    import torch
+
+    choices = rank_choices(SCAN, SCAN_NAMES)
+    assert choices == {2: {(0, 2), (3, 8)}}  # u's and C's thresholds are inside checks
+    u, A = torch.rand(2, 4, 16), torch.rand(4, 8, dtype=torch.float64)
+    B = torch.rand(2, 1, 8, 16)
+    ((how, args),) = rank_variants([u, A, B, torch.rand(2, 1, 8, 16)], choices)
+    assert how == "argument 2 at rank 2"
+    assert args[2].shape == A.shape and args[2].dtype == A.dtype  # shaped and typed like A
+    assert not torch.equal(args[2], A) and torch.equal(args[2], at_rank(B, 2, [u, A]))  # seeded
+    # recorded per channel: the case goes the other way, to the nearest rank across
+    ((how, args),) = rank_variants([u, A, A.clone(), A], {2: choices[2]})
+    assert how == "argument 2 at rank 3" and args[2].shape == (1, 4, 8)
+    assert at_rank(B, 1, [u, A]) is None  # no argument at rank 1 to take a shape from
+
+
 def test_rank_cases_come_from_every_recorded_call_and_are_made():
     base = [
         BaseCall(_call(2), "tests/test_resample.py"),
@@ -61,8 +99,10 @@ def test_rank_cases_come_from_every_recorded_call_and_are_made():
     assert [c["id"] for c in ranked] == [f"rank{n}_of_{k}" for k in (0, 1) for n in range(3)]
     assert all(c["made"] and out.base[c["base"]].selects for c in ranked)
     assert out.base[ranked[3]["base"]].args[3] == 4  # the second call's mode kept
-    probed = plan(base, ["float32"], NAMES, ranks=rank_choices(HOST, NAMES), whole=True)
-    assert not [c for c in probed.cases if c["id"].startswith("rank")]  # valid only as probed
+    # a glue's calls (a backward behind its forward) are whole, and its forward's inputs take
+    # the other rank too (mamba's backward); a probe's drafts get no ranks from testgen.generate
+    glued = plan(base, ["float32"], NAMES, ranks=rank_choices(HOST, NAMES), whole=True)
+    assert [c["id"] for c in glued.cases if c["id"].startswith("rank")] == [c["id"] for c in ranked]
 
 
 def _declined():
