@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miner.candidate import FileSkip
+from miner.configured import configured_headers
 
 SOURCE_SUFFIXES = (
     ".cu",
@@ -84,12 +85,17 @@ def scan_tree(root: Path, max_bytes: int = MAX_FILE_BYTES) -> Inventory:
     """Read every candidate source under `root` once, deciding per file whether to mine it."""
     inv = Inventory()
     root = root.resolve()
+    templates, cmake_files = [], []  # what a build configures (miner.configured)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
             lower = name.lower()
+            if lower.endswith(".in") and is_source_name(lower[:-3]) and not path.is_symlink():
+                templates.append((rel, path))
+            elif lower == "cmakelists.txt" or lower.endswith(".cmake"):
+                cmake_files.append(path)
             if not (is_source_name(lower) or lower.endswith(BACKEND_SUFFIXES)):
                 continue
             reason = _skip_reason_by_name(rel)
@@ -113,6 +119,13 @@ def scan_tree(root: Path, max_bytes: int = MAX_FILE_BYTES) -> Inventory:
                 ok = False
                 inv.invalid_utf8.append(rel)
             inv.files.append(SourceFile(rel, path, data, ok))
+    present = {f.rel for f in inv.files} | {rel for rel, _ in inv.skipped}
+    templates = [(rel, path) for rel, path in templates if rel[:-3] not in present]
+    if templates:
+        cmake_files.sort(key=lambda p: (len(p.relative_to(root).parts), str(p)))
+        made = configured_headers(templates, [p for p in cmake_files if not p.is_symlink()])
+        for rel, path in templates:  # as generated: its template's path, the build's text
+            inv.files.append(SourceFile(rel[:-3], path, made[rel[:-3]], True))
     return inv
 
 
