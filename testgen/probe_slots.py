@@ -96,7 +96,7 @@ def read_facts(
     as (through the code's `aliases` of C types), the sizes and strides it reads, the dimensions
     and dtype it checks; and of a copy it reads in the tensor's place."""
     n = re.escape(name)
-    member = rf"\b{n}\s*(?:\.|->)\s*"
+    member = rf"\b{n}\s*(?:\.\s*value\s*\(\s*\)\s*)?(?:\.|->)\s*"  # an optional's too
     for m in re.finditer(member + _DATA + r"\s*<([^<>()]+)>", code):
         _note(facts, _dtype_of(m[1], aliases), m[1])
     row_step = r"\s*<[^<>()]+>\s*\(\s*\)\s*\+\s*(?:\w+\s*\*\s*(\d+)|(\d+)\s*\*\s*\w+)\b(?!\s*[*(])"
@@ -395,6 +395,8 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
         if kind == "ints":  # numbers, one per spatial dimension (probe_slots.per_dimension)
             slots.append(Slot(kind))
             continue
+        if kind == "tensor?":  # drafted present: the code that reads it runs (sampled_op's
+            kind = "tensor"  # left_index), where absent it would only be skipped
         if kind not in ("tensor", "int", "float", "bool"):
             return None
         facts = None

@@ -384,6 +384,16 @@ def test_a_string_parameter_tries_the_modes_the_code_names():
     assert slots_for(params, [("int f(std::string reduce);", ["x", "reduce"])]) is None
 
 
+def test_an_optional_tensor_is_drafted_present():
+    """pyg-lib's sampled_op takes `at::optional<at::Tensor> left_index`; before, such a
+    parameter (a bias, an index) left its host function with no drafts at all."""
+    params = [("const at::Tensor&", "x"), ("const at::optional<at::Tensor>", "index")]
+    code = "auto rows = index.value().data_ptr<int64_t>();"
+    slots = slots_for(params, [(code, ["x", "index"])])
+    assert [s.kind for s in slots] == ["tensor", "tensor"]
+    assert slots[1].facts.dtype == torch.int64
+
+
 def test_a_host_function_of_lists_or_no_tensor_gets_no_drafts(tmp_path):
     listed = [("std::vector<float>", "scales"), ("at::Tensor", "x")]
     assert slots_for(listed, []) is None
