@@ -47,6 +47,7 @@ LIGHT_FOR_HEAVY = {
     "ATen/cuda/CUDAApplyUtils.cuh": ("ATen/cuda/Atomic.cuh", "ATen/cuda/detail/IndexUtils.cuh"),
 }
 DTYPES = ("float", "double", "half")
+_TENSOR_TYPE = re.compile(r"\b(?:at|torch)\s*::\s*Tensor\b")
 INST_BEGIN = "// kminer-inst-begin "
 INST_END = "// kminer-inst-end "
 _BUILTIN_TYPES = frozenset(
@@ -212,7 +213,13 @@ def render_unit(
     out += compat_lines(closure, models)
     out.append("")
     spans: list[tuple[int, int]] = []
-    out += _body(closure.entries, models, len(out), spans)
+    body = _body(closure.entries, models, len(out), spans)
+    # host code in the closure (a class's methods beside its device ones) that names the
+    # tensor type itself needs its declaration, which the light prelude leaves out
+    if closure.needs_torch and any(map(_TENSOR_TYPE.search, body)):
+        out.insert(len(out) - 1, "#include <ATen/core/Tensor.h>")  # before the blank line
+        spans[:] = [(a + 1, b + 1) for a, b in spans]
+    out += body
     instantiations: list[str] = []
     if kdef.template_params and not kdef.specialization:
         body = models[kdef.item.file].code[kdef.start : kdef.end]

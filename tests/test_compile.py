@@ -163,6 +163,28 @@ def test_torch_unit_compiles_with_light_headers(tmp_path):
         assert result.status == Status.OK, result.log
 
 
+def test_a_class_whose_host_methods_name_the_tensor_type_compiles(tmp_path):
+    """MinkowskiEngine's coordinate map: the kernel takes the class's device view, and the
+    class also declares host methods returning `std::vector<at::Tensor>`; the light prelude
+    (TensorAccessor) does not declare at::Tensor, so its units failed to compile."""
+    from miner.discover import discover
+    from miner.extract import Extractor
+
+    (tmp_path / "map.cuh").write_text(
+        "#include <ATen/ATen.h>\n#include <vector>\n"
+        "struct CoordMap {\n  int n;\n  __device__ int size() const { return n; }\n"
+        "  std::vector<at::Tensor> field_map(at::Tensor const &f) const;\n};\n"
+    )
+    (tmp_path / "k.cu").write_text(
+        '#include "map.cuh"\n'
+        "__global__ void fill(CoordMap m, int* out) { out[threadIdx.x] = m.size(); }\n"
+    )
+    disc = discover(tmp_path)
+    res, result = _compile(disc, Extractor(disc), "fill")
+    assert res.unit.needs_torch and "#include <ATen/core/Tensor.h>" in res.unit.text
+    assert result.status == Status.OK, result.log
+
+
 TRAITS_KERNEL = (
     "template <int N_, typename T_> struct Traits { static constexpr int kN = N_;"
     " using input_t = T_; };\n"
