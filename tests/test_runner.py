@@ -998,6 +998,51 @@ def test_a_label_refusing_the_width_of_integer_tensors_gets_the_same_values_at_i
     assert retyped([torch.tensor([2**40])], error) is None  # a value int32 cannot hold
 
 
+def test_a_test_ended_by_a_signal_keeps_where_it_died():
+    """pyg-lib's scatter tests died of SIGSEGV on the H100 and their log tails held only
+    pytest's outermost frames: faulthandler prints the innermost first."""
+    from testgen.standalone.runner import LOG_TAIL, log_tail
+
+    frames = "".join(f'  File "/x/_pytest/f{i}.py", line {i} in f{i}\n' for i in range(200))
+    log = (
+        "collected 1 item\nFatal Python error: Segmentation fault\n\n"
+        "Current thread 0x7f (most recent call first):\n"
+        '  File "/b/tests/t.py", line 1401 in _label_call\n' + frames
+    )
+    kept = log_tail(log)
+    assert kept.startswith("Current thread") and "line 1401 in _label_call" in kept
+    assert len(kept) == LOG_TAIL
+    assert log_tail("x" * 5000 + "1 failed") == ("x" * 5000 + "1 failed")[-LOG_TAIL:]
+
+
+def test_a_label_refusing_a_strided_tensor_gets_the_same_values_laid_out_contiguously():
+    """pyg-lib's tests pass transposed views to spline_weighting on purpose (its autograd layer
+    makes them contiguous before the CUDA function, which checks `x.is_contiguous()`); the
+    recorded call reached the label strided and the test crashed on the H100 ("x must be
+    contiguous") for a correct kernel."""
+    import re
+    import types
+
+    import torch
+
+    scope = _template_functions("_ints_retyped", "_made_contiguous", "_on_device", "_label_call")
+    scope.update(re=re, DEVICE="cpu", FUNCTION="weighting")
+
+    def weighting(x, w):
+        if not x.is_contiguous():
+            raise RuntimeError("x must be contiguous")
+        return x @ w
+
+    label = types.SimpleNamespace(weighting=weighting)
+    x, w = torch.randn(4, 3).t(), torch.randn(4, 2)
+    returned, mine, args = scope["_label_call"](label, [x, w], [x.clone(), w.clone()])
+    assert torch.allclose(returned, x @ w) and mine[0].is_contiguous() and args[0].is_contiguous()
+    assert torch.equal(args[0], x)  # the same values
+    made = scope["_made_contiguous"]
+    assert made([x.contiguous(), w], RuntimeError("x must be contiguous")) is None  # nothing to do
+    assert made([x, w], RuntimeError("index out of range")) is None  # another refusal stands
+
+
 def test_the_kernels_timing_runs_at_the_width_its_cases_ran():
     """On the H100 torch-points-kernels' three_interpolate ran its cases at the width it checks,
     then `crash` came from the timing call, which still passed the drafted int64 indices."""

@@ -266,6 +266,13 @@ LEFT_OUT = (
 ROUNDING_NOTE = "invalid: rounding"
 
 
+def log_tail(log: str) -> str:
+    """The end of a test's log; for a process a signal ended, where faulthandler's dump
+    begins instead: its first frames say where it died (a tail shows only pytest's own)."""
+    dump = max(log.rfind("Fatal Python error"), log.rfind("Current thread"))
+    return log[dump : dump + LOG_TAIL] if dump >= 0 else log[-LOG_TAIL:]
+
+
 def outside_cases(cases) -> dict[str, str]:
     """{case id: why} of the cases a label's run found outside the op's contract: inputs
     kminer made on which the repository's own kernel disagrees with its own reference, and
@@ -541,7 +548,7 @@ class Runner:
             label = self.calibrated_label(test, impl, ref, build_dir)
             res.update(outcome=label.outcome, phase=label.phase, build_s=label.build_s)
             res.update(run_s=label.run_s, build_cached=label.cached, detail=label.detail)
-            res.update(log_tail=label.log[-LOG_TAIL:])
+            res.update(log_tail=log_tail(label.log))
             if label.phase == "run":
                 cases = label.report.get("cases")
                 res["cases"] = cases if isinstance(cases, list) else []
