@@ -178,7 +178,16 @@ WRAPPABLE = {
     "// never launched and not plain: waits for an LLM\n"
     "__global__ void transpose_kernel(const float* x, float* y, int rows, int cols) {\n"
     "  int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "  if (c < cols) y[c * rows + r] = x[r * cols + c];\n}\n",
+    "  if (c < cols) y[c * rows + r] = x[r * cols + c];\n}\n"
+    "// launched only by a function taking an object Python cannot pass (MinkowskiEngine's\n"
+    "// coordinate manager): waits for an LLM, and says why\n"
+    "struct Manager { int rows; };\n"
+    "__global__ void gather_kernel(const float* x, float* y, const int* idx, int cols) {\n"
+    "  int r = blockIdx.y, c = threadIdx.x;\n"
+    "  if (c < cols) y[r * cols + c] = x[idx[r] * cols + c];\n}\n"
+    "void gather_launcher(at::Tensor x, at::Tensor y, at::Tensor idx, Manager* m) {\n"
+    "  gather_kernel<<<dim3(1, m->rows), 32>>>(x.data_ptr<float>(), y.data_ptr<float>(),\n"
+    "                                          idx.data_ptr<int>(), (int)x.size(1));\n}\n",
 }
 
 
@@ -188,20 +197,24 @@ def test_wrap_strategies_and_needs_llm(tmp_path):
     wd = tmp_path / "run"
     res = mine(str(repo), "--workdir", str(wd), "--stages", UNITS + ",wrap", "--llm", "none")
     assert res.exit_code == 0, res.output
-    assert "1 kernels wait for an LLM wrapper" in res.stdout
+    assert "2 kernels wait for an LLM wrapper" in res.stdout
     rows = {r["kernel"]: r for r in candidates(wd)}
     assert rows["twice_kernel"]["strategy"] == "mined"
     assert rows["negate_kernel"]["strategy"] == "rule"
     assert rows["transpose_kernel"]["stages"]["wrap"] == {
         "status": "skipped",
         "reason": "needs_llm",
-        "detail": "no_rule",
+        "detail": "no_rule: no host function launches it",
     }
+    assert rows["gather_kernel"]["stages"]["wrap"]["detail"] == (
+        "no_rule: neither its launcher gather_launcher nor a caller takes only what Python can "
+        "pass (`Manager*`)"
+    )
     label = (wd / rows["twice_kernel"]["label"]).read_text()
     assert 'm.def("twice_launcher", &twice_launcher)' in label
     # a rerun redoes nothing; the wrap stage is keyed by the code that made the labels
     assert mine(str(repo), "--workdir", str(wd), "--stages", UNITS + ",wrap").exit_code == 0
-    assert stats(wd)["wrap"]["status"] == {"ok": 2, "skipped": 1}
+    assert stats(wd)["wrap"]["status"] == {"ok": 2, "skipped": 2}
     assert stats(wd)["last_run"]["timings_s"]["wrap"] < 1.0
 
 

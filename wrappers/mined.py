@@ -25,7 +25,7 @@ from miner.unit import render_host_code
 from wrappers.adapter import adapt, aliases
 from wrappers.bound_class import BoundClass, bound_classes, method_adapter, method_signature
 from wrappers.label import Exposed, with_wrapper_includes
-from wrappers.signature import Signature, bindable, parse_signature
+from wrappers.signature import Signature, bindable, bindable_type, parse_signature
 
 SITE_PREFERENCE = {"chevron": 0, "launch_api": 1, "address": 2, "macro": 3, "reference": 4}
 TU_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
@@ -228,6 +228,25 @@ def exposed_for(
                         nxt.append((caller, [*chain, caller.names[0] if caller.names else "?"]))
         frontier = nxt
     return None
+
+
+def unmined_why(fk: FoundKernel, extractor: Extractor, index: LauncherIndex) -> str:
+    """Why no launcher of the repository could be mined: what a curator reads beside
+    `needs_llm` (MinkowskiEngine's ops take a coordinate manager object Python cannot pass)."""
+    launchers = list(launcher_candidates(fk, extractor.disc, index))
+    if not launchers:
+        return "no host function launches it"
+    sig = index.signature(launchers[0])
+    name = launchers[0].names[0] if launchers[0].names else "?"
+    if sig is None:
+        return f"its launcher {name} has no signature kminer reads"
+    if sig.template and not sig.template_args:
+        return f"its launcher {name} is a template no caller instantiates where Python reaches"
+    odd = [t for t, _ in sig.params if not bindable_type(t, index.enums)]
+    if not bindable_type(sig.returns):
+        odd.insert(0, sig.returns)
+    what = f" (`{' '.join(odd[0].split())[:60]}`)" if odd else ""
+    return f"neither its launcher {name} nor a caller takes only what Python can pass{what}"
 
 
 def nearest_first(items: list, file: str) -> list:

@@ -19,7 +19,7 @@ from wrappers.build import BuildResult, build_batch
 from wrappers.kernel_twin import find_twin, has_twin, kernel_adapter
 from wrappers.label import Exposed, Label, render_label, unit_parts, with_wrapper_includes
 from wrappers.llm.flow import wrap_with_llm
-from wrappers.mined import LauncherIndex, mine_wrapper
+from wrappers.mined import LauncherIndex, mine_wrapper, unmined_why
 from wrappers.opmap import functions_by_name, op_map
 from wrappers.rule import TEMPLATE_ID as RULE_TEMPLATE
 from wrappers.rule import rule_wrapper
@@ -69,7 +69,8 @@ class Wrap(Stage):
             if label is None and ctx.llm is not None:
                 label = _llm_label(ctx, cand)
             if label is None:
-                raise NoLabel(Status.SKIPPED, Reason.NEEDS_LLM, _no_label_why(cand))
+                why = f"{_no_label_why(cand)}: {unmined_why(ctx.found[cand.id], extractor, index)}"
+                raise NoLabel(Status.SKIPPED, Reason.NEEDS_LLM, why)
         except NoLabel as why:
             ctx.counters["waiting_for_llm"] += why.reason == Reason.NEEDS_LLM
             result = StageResult(status=why.status, reason=why.reason, detail=why.detail)
