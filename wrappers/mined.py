@@ -240,11 +240,11 @@ def unmined_why(fk: FoundKernel, extractor: Extractor, index: LauncherIndex) -> 
     name = launchers[0].names[0] if launchers[0].names else "?"
     if sig is None:
         return f"its launcher {name} has no signature kminer reads"
-    if sig.template and not sig.template_args:
-        return f"its launcher {name} is a template no caller instantiates where Python reaches"
     odd = [t for t, _ in sig.params if not bindable_type(t, index.enums)]
     if not bindable_type(sig.returns):
         odd.insert(0, sig.returns)
+    if sig.template and not sig.template_args and not odd:
+        return f"its launcher {name} is a template no caller instantiates where Python reaches"
     what = f" (`{' '.join(odd[0].split())[:60]}`)" if odd else ""
     return f"neither its launcher {name} nor a caller takes only what Python can pass{what}"
 
