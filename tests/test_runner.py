@@ -160,6 +160,14 @@ BATCH = [
         "label": fake("faults"),
         "variants": [("no_write", fake("v_mismatch"))],
     },
+    {  # the label faults on every case kminer made: past the runs that leave out one at a
+        # time, one isolating run finds the rest; what is left is too little to judge by
+        "id": "faulted_all",
+        "label": fake("faults_all"),
+        "min_cases": 5,
+        "min_shapes": 3,
+        "variants": [("no_write", fake("v_pass"))],
+    },
     {  # the label's host code aborts on case_4, which kminer made: found alone, left out
         "id": "aborted",
         "label": fake("aborts"),
@@ -252,6 +260,7 @@ def test_batch_completes_with_every_outcome(batch):
         "disagrees": ("reference_disagrees", "run"),
         "random": ("nondeterministic", "run"),
         "faulted": ("pass", "run"),
+        "faulted_all": ("reference_disagrees", "run"),
         "aborted": ("pass", "run"),
         "aborted_legacy": ("pass", "run"),
         "judged": ("pass", "run"),
@@ -326,6 +335,24 @@ def test_a_label_faulting_on_a_made_case_runs_again_without_it(batch):
     assert entry["kill_rate"] == 1.0
     label_runs = [line for line in log if line[0] == "run" and line[1] == "faulted.cu"]
     assert len(label_runs) == 2
+
+
+def test_a_label_faulting_on_every_made_case_is_no_crash_of_its_kernel(batch):
+    """pyg-lib's spline backward kernels faulted on every call kminer drafted that their CPU
+    implementation ran clean: after three runs each leaving out one case, the test was a
+    `crash`, a correct kernel blamed. One isolating run now finds the rest, and a test left
+    with too little to judge by says why."""
+    _, results, log, _ = batch
+    entry = results["entries"]["faulted_all"]
+    assert entry["outcome"] == "reference_disagrees"
+    assert entry["detail"].startswith(
+        "the repository's kernel faults where its reference runs on 4 of the 5 cases, 1 left"
+    )
+    notes = runner.outside_cases(entry["cases"])
+    assert sorted(notes) == ["case_1", "case_2", "case_3", "case_4"]
+    assert "(a CUDA fault)" in notes["case_4"]  # found by the isolating run
+    runs = [line for line in log if line[0] == "run" and line[1] == "faulted_all.cu"]
+    assert len(runs) == 1 + runner.MAX_FAULTED_CASES + 2  # the isolating run, the last one
 
 
 def test_a_label_aborting_on_a_made_case_loses_that_case_not_the_test(batch):
@@ -428,8 +455,8 @@ def test_each_source_and_each_reference_built_once(batch):
     sources |= {fake(n).read_bytes() for n in ("importerr", "cudaerr", "hangbuild", "asserts")}
     sources |= {fake(n).read_bytes() for n in ("calibrated", "v_calibrated", "faults")}
     sources |= {fake(n).read_bytes() for n in ("v_unstable", "aborts", "aborts_legacy")}
-    sources |= {fake("disagrees").read_bytes(), fake("random").read_bytes()}
-    assert len(builds) == len(sources) == 21
+    sources |= {fake(n).read_bytes() for n in ("disagrees", "random", "faults_all")}
+    assert len(builds) == len(sources) == 22
     dirs = collections.defaultdict(set)  # candidate -> build folders its label and variants got
     for _step, name, _, build_dir, *_ in log:
         dirs[name.split(".")[0]].add(build_dir)

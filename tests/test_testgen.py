@@ -1414,6 +1414,37 @@ def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_
     }
     assert module._ending_cases(["made_0", "made_2"], spawn) == {}
 
+    # a CUDA fault loses the child's context: it ends the child there, named as what it was
+    # (pyg-lib's spline backward faulted on every drafted call; caught, every later case of
+    # the child failed too and none was named)
+    def faulting(case, *_):  # the case's run, as a kernel's illegal address ends it
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    progress = tmp_path / "faulted.txt"
+    module._run_case = faulting
+    pid = os.fork()
+    if pid == 0:  # the child, as _spawn_child's would be
+        try:
+            module._child_cases(["made_0", "made_1"], progress, lambda: (label, reference))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == module.CUDA_FAULT_EXIT
+    assert progress.read_text().split() == ["start:made_0"]
+
+    def spawn_faulting(ids, progress):
+        script = (
+            "import json, sys\n"
+            "ids = json.loads(sys.argv[1])\n"
+            "open(sys.argv[2], 'a').write(f'start:{ids[0]}\\n')\n"
+            f"sys.exit({module.CUDA_FAULT_EXIT} if ids[0] == 'made_1' else 0)\n"
+        )
+        argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
+        return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+
+    ended = module._ending_cases(["made_1", "made_2"], spawn_faulting)
+    assert ended == {"made_1": why + "kminer made (a CUDA fault)"}
+
 
 def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_moves(
     refrepo, tmp_path
