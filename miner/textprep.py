@@ -183,8 +183,13 @@ def enclosing_calls(code: str, pos: int) -> list[str]:
             depth += 1
         elif c == "(":
             if depth == 0:
-                name = re.search(r"(\w+)\s*$", code[:i])
-                names.append(name.group(1) if name else "")
+                end = i
+                while end > 0 and code[end - 1].isspace():
+                    end -= 1
+                start = end
+                while start > 0 and (code[start - 1].isalnum() or code[start - 1] == "_"):
+                    start -= 1
+                names.append(code[start:end])
             else:
                 depth -= 1
         elif c in ";{}":

@@ -211,15 +211,15 @@ def render_unit(
             out.append("#include <ATen/AccumulateType.h>")
     out += _externals(closure)
     out += compat_lines(closure, models)
-    out.append("")
-    spans: list[tuple[int, int]] = []
-    body = _body(closure.entries, models, len(out), spans)
     # host code in the closure (a class's methods beside its device ones) that names the
     # tensor type itself needs its declaration, which the light prelude leaves out
-    if closure.needs_torch and any(map(_TENSOR_TYPE.search, body)):
-        out.insert(len(out) - 1, "#include <ATen/core/Tensor.h>")  # before the blank line
-        spans[:] = [(a + 1, b + 1) for a, b in spans]
-    out += body
+    if closure.needs_torch and any(
+        _TENSOR_TYPE.search(e.item.source(models[e.item.file].text)) for e in closure.entries
+    ):
+        out.append("#include <ATen/core/Tensor.h>")
+    out.append("")
+    spans: list[tuple[int, int]] = []
+    out += _body(closure.entries, models, len(out), spans)
     instantiations: list[str] = []
     if kdef.template_params and not kdef.specialization:
         body = models[kdef.item.file].code[kdef.start : kdef.end]

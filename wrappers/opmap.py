@@ -77,16 +77,25 @@ def binding_names(disc: Discovery) -> dict[str, str]:
     return out
 
 
+def _registrations(disc: Discovery) -> list[tuple[str, str, str, str]]:
+    """(op key, device, function, file) of every registration, read once per discovery."""
+    out = getattr(disc, "_registrations", None)
+    if out is None:
+        out = [
+            (key, device, fn, rel)
+            for rel, model in disc.models.items()
+            if "REGISTER_" in model.code or "TORCH_LIBRARY_IMPL" in model.code
+            for key, device, fn in registered(model.code, model.text)
+        ]
+        disc._registrations = out  # type: ignore[attr-defined]
+    return out
+
+
 def op_map(disc: Discovery, chain: list[str], callers: dict[str, list[Item]]) -> dict:
     """Everything known about the op around `chain` (launcher first, exposed function last)."""
     functions = functions_by_name(disc)
     names = _callers_up(chain, callers, disc)
-    registrations = [
-        (key, device, fn, rel)
-        for rel, model in disc.models.items()
-        if "REGISTER_" in model.code or "TORCH_LIBRARY_IMPL" in model.code
-        for key, device, fn in registered(model.code, model.text)
-    ]
+    registrations = _registrations(disc)
     bindings = binding_names(disc)
     result: dict = {"launcher": chain[0] if chain else "", "chain": names}
     for key, device, fn, rel in registrations:
