@@ -234,6 +234,17 @@ def _subsets(args: list, r: _Rows) -> list[tuple[int, list]]:
     return out
 
 
+def _sorted_ints(a) -> bool:
+    """An integer row tensor in order (a segment index of a COO reduction, a batch column that
+    leads its rows): rows drawn in random order would break a contract the op's code relies on
+    without checking (segment_coo sizes its output by the last index and wrote past it)."""
+    if not _is_tensor(a) or a.is_floating_point() or a.dim() == 0 or a.shape[0] < 2:
+        return False
+    key = (a if a.dim() == 1 else a.reshape(a.shape[0], -1)[:, 0]).long()
+    steps = key[1:] - key[:-1]
+    return bool(key.unique().numel() > 1) and (bool((steps >= 0).all()) or bool((steps <= 0).all()))
+
+
 def _sort_of(perm, args: list, rows: list[int]):
     """(tensor index, descending) of the floating 1-D row tensor `perm` sorts, or None."""
     for i in rows:
@@ -287,6 +298,10 @@ def _more(args: list, r: _Rows, max_elements: int):
     gen = torch.Generator().manual_seed(r.n * 7919 + m)
     pick = torch.randint(0, r.n, (m,), generator=gen)
     pick[: r.n] = torch.arange(r.n)  # every recorded row stays, the others are drawn
+    drawn = torch.arange(m) >= r.n  # the rows moved by noise
+    if any(_sorted_ints(args[i]) for i in r.rows if i != r.perm and i not in r.gathered):
+        order = pick.sort(stable=True).indices  # each drawn row beside its original: an
+        pick, drawn = pick[order], drawn[order]  # index in order stays in order
     new = list(args)
     for i in r.rows:
         if i == r.perm or i in r.gathered:
@@ -298,7 +313,7 @@ def _more(args: list, r: _Rows, max_elements: int):
             whole = (rec == rec.round()).all(dim=0, keepdim=True)  # a batch index column
             spread = torch.where(whole, torch.zeros_like(spread), spread)
             noise = torch.randn(a.shape, generator=gen, dtype=torch.float64) * 0.01 * spread
-            noise[: r.n] = 0
+            noise[~drawn] = 0
             a = (a.double() + noise).to(a.dtype)
         new[i] = a.contiguous()
     if sort is not None:

@@ -108,6 +108,23 @@ def test_more_rows_keeps_whole_number_columns_and_respects_the_size_cap():
     assert more_rows([rois, feats], ["rois", "features"], max_elements=2 * 197) is None
 
 
+def test_more_rows_keeps_a_sorted_index_sorted():
+    """pyg-lib's segment_coo sizes its output by the last index: rows drawn in random order
+    left it too small and the CPU reference wrote past it (a heap corruption on the GPU box)."""
+    src = torch.arange(96.0).reshape(32, 3) + 0.5  # rows far apart: a drawn row's origin is clear
+    index = torch.tensor([0] * 5 + [1] * 7 + [3] * 12 + [5] * 8)
+    m, (s, i) = more_rows([src, index], ["src", "index"])
+    assert m == 157 and i.shape == (m,) and s.shape == (m, 3)
+    assert (i[1:] >= i[:-1]).all() and set(i.tolist()) == {0, 1, 3, 5}
+    origin = (s.unsqueeze(1) - src.unsqueeze(0)).abs().amax(-1).argmin(1)
+    assert index[origin].equal(i)  # each row keeps its own index
+    kept = (s.unsqueeze(1) == src.unsqueeze(0)).all(-1).any(1)
+    assert kept.sum() >= 32 and not kept.all()  # the recorded rows as they were, the rest moved
+    shuffled = index[torch.randperm(32, generator=torch.Generator().manual_seed(3))]
+    _, (_, j) = more_rows([src, shuffled], ["src", "index"])
+    assert not (j[1:] >= j[:-1]).all()  # an index in no order is drawn at random as before
+
+
 def test_conv_resize_follows_the_output_size_and_keeps_weights():
     """mmcv's deform_conv_forward as its test calls it: input (10,1,3,3), a 2x2 kernel, offset
     and output at the 2x2 output size; the weight (1,1,2,2) also ends in 2x2 and must stay."""
