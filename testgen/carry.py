@@ -78,6 +78,9 @@ def pybind_arg_names(refs, python_fn: str) -> list[str] | None:
     return None
 
 
+_GPU_WORD = re.compile(r"(?:^|[_/.])(?:cuda|gpu)(?=[_/.]|$)", re.IGNORECASE)
+
+
 def bound_function(
     refs, python_fn: str, within: tuple[str, ...] = (), cpu_side: bool = False
 ) -> str | None:
@@ -98,9 +101,13 @@ def bound_function(
         for m in pattern.finditer(model.text)
     ]
 
-    def gpu_side(name: str) -> bool:
-        item = refs.definition(name)
-        return item is not None and bool(GPU_SOURCE.search(item.file))
+    def gpu_side(name: str) -> bool:  # its source is CUDA's, or its name or file says so
+        item = refs.definition(name)  # (longcw/RoIAlign.pytorch: `forward` is bound to
+        # crop_and_resize_forward in crop_and_resize.cpp, to crop_and_resize_gpu_forward in
+        # crop_and_resize_gpu.cpp, neither file under a cuda/ folder)
+        if item is None:
+            return False
+        return bool(GPU_SOURCE.search(item.file) or _GPU_WORD.search(f"{item.file}/{name}"))
 
     if len(set(found)) < 2:
         return found[0] if found else None

@@ -114,6 +114,34 @@ def _same_tensor(a, b) -> bool:
     )
 
 
+def _as_tensor(value):
+    """A result as a tensor (a test's helper may return numpy arrays); None for other values."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+        return torch.as_tensor(value.copy())
+    return None
+
+
+def _made_the_inputs(raw: list) -> bool:
+    """Whether, in every pair, the function returned values the binding then took as an
+    argument: it made the op's inputs (longcw/RoIAlign.pytorch's `generate_data`, whose image
+    went on into the op), and compared with the op's output it would blame a correct kernel."""
+
+    def fed(call, ref) -> bool:
+        results = [_as_tensor(r) for r in ref.result]
+        return any(
+            _same_tensor(r, a) and not _blank(a)
+            for r in results
+            if r is not None and r.numel() > 1
+            for a in call.args
+        )
+
+    return bool(raw) and all(fed(call, ref) for call, ref in raw)
+
+
 def _signature(repo: Path, file: str, name: str) -> list[str] | None:
     """The function's parameter names (positional then keyword-only); None for *args."""
     tree = pysources.tree(repo / file)
@@ -338,7 +366,7 @@ def pair(
 
     for (file, name), raw in sorted(groups.items(), key=lambda g: (-len(g[1]), lifted(g[0]))):
         params = _signature(repo, file, name)
-        if params is None:
+        if params is None or _made_the_inputs(raw):
             continue
         bound = [(c, r, _bind(r, params)) for c, r in raw]
         pairing = _pair_all([(c, r, v) for c, r, v in bound if v is not None], file, name, returns)

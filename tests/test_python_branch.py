@@ -309,3 +309,47 @@ def test_a_binding_name_both_modules_define_is_the_cpu_modules_on_the_cpu_side(t
     assert (scale.mechanism, scale.cpu.names[0]) == ("python branch", "times")
     shift = locate(cands[1], refs)
     assert isinstance(shift, str) and "shift_gpu" not in shift.split("no test")[0], shift
+
+
+GPU_NAMED = {
+    "pkg/__init__.py": "",
+    "pkg/ops.py": "from pkg import scale_cpu, scale_gpu\n\n\n"
+    "def scale(x, alpha):\n"
+    "    if x.is_cuda:\n        return scale_gpu.forward(x, alpha)\n"
+    "    else:\n        return scale_cpu.forward(x, alpha)\n",
+    "pkg/src/cuda/scale_kernel.cu": """#include <cuda_runtime.h>
+__global__ void scale_kernel(float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+void ScaleLauncher(float* x, float a, int n, cudaStream_t stream) {
+  scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(x, a, n);
+}
+""",
+    "pkg/src/scale_gpu.cpp": """#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+void ScaleLauncher(float* x, float a, int n, cudaStream_t stream);
+at::Tensor scale_gpu_forward(at::Tensor x, double alpha) {
+  auto y = x.clone();
+  ScaleLauncher(y.data_ptr<float>(), alpha, y.numel(), at::cuda::getCurrentCUDAStream());
+  return y;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &scale_gpu_forward); }
+""",
+    "pkg/src/scale.cpp": """#include <torch/extension.h>
+at::Tensor scale_forward(at::Tensor x, double alpha) { return x * alpha; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &scale_forward); }
+""",
+}
+
+
+def test_a_binding_name_both_modules_define_is_told_apart_by_a_gpu_word(tmp_path):
+    """longcw/RoIAlign.pytorch binds `forward` in crop_and_resize_gpu.cpp (to
+    crop_and_resize_gpu_forward) and in crop_and_resize.cpp (to crop_and_resize_forward), no
+    file under a cuda/ folder: the `_gpu` in the file's and the function's names tells the
+    CUDA side, and the CPU module's function is the reference (there was none before)."""
+    repo = write_tree(tmp_path / "repo", GPU_NAMED)
+    cands, refs = repo_candidates(repo, "scale_kernel")
+    found = locate(cands[0], refs)
+    assert not isinstance(found, str), found
+    assert (found.mechanism, found.cpu.names[0]) == ("python branch", "scale_forward")

@@ -401,3 +401,28 @@ def test_a_call_kminer_made_is_a_made_case_though_carried_like_a_recorded_one():
     base.append(BaseCall([torch.ones(5)], "tests/t.py", call=recorded))
     cases = {c["id"]: c["made"] for c in plan(base, ["float32"]).cases}
     assert cases["recorded_0"] is True and cases["recorded_1"] is False
+
+
+def test_a_function_that_made_the_ops_inputs_is_no_reference(tmp_path):
+    """longcw/RoIAlign.pytorch's test calls `image, boxes, index = generate_data(...)` and hands
+    the image on to the op: its result has the shape of the op's output buffer, and paired
+    with the op it made a test that fails a correct kernel. A function that returned what the
+    op then took is left out; one that computes from the op's inputs still pairs."""
+    from testgen.inputs import RecordedCall, RefCall
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_op.py").write_text(
+        "import numpy as np\n\n"
+        "def generate_data(n, c):\n    return np.random.randn(n, c).astype(np.float32)\n\n"
+        "def doubled_ref(x):\n    return x * 2\n"
+    )
+    refs = []
+    for n in (3,):  # one pair, as there: its numbers are constants
+        image = torch.randn(n, 4)
+        call = RecordedCall("forward", [image, torch.zeros(n, 4)], {}, "tests/test_op.py")
+        made = RefCall("generate_data", "tests/test_op.py", [n, 4], {}, [image.numpy()], [call])
+        ref = RefCall("doubled_ref", "tests/test_op.py", [image], {}, [image * 2], [call])
+        refs += [made, ref]
+    found = pair(refs, "forward", tmp_path, "void")
+    assert [p.function for p in found] == ["doubled_ref"]
+    assert found[0].params["x"] == ("arg", 0) and found[0].outputs == [("arg", 1)]

@@ -176,6 +176,35 @@ def test_operators_on_cuda_vector_types_stay_at_global_scope():
     )[0].count("\n")
 
 
+def test_a_body_in_a_library_namespace_still_names_the_library(tmp_path):
+    """longcw/RoIAlign.pytorch defines its host functions in `namespace torch`: inside the
+    label's namespace that is `kminer_<id>::torch`, where `torch::Tensor` was no type, and
+    both its labels failed to build. Checked by g++ against torch's headers."""
+    import subprocess
+    import sysconfig
+
+    from miner import toolchain
+
+    label = (
+        "#include <torch/extension.h>\n// kminer-label-body-begin\n"
+        "namespace torch {\n"
+        "torch::Tensor twice(torch::Tensor x) { Tensor y = x * 2; return y; }\n"
+        "}  // namespace torch\n"
+        'void kminer_bind(pybind11::module_& m) { m.def("twice", &torch::twice); }\n'
+        "// kminer-label-body-end\n"
+    )
+    source, _ = batch_source([("aa", label), ("bb", label)], "kminer_batch")
+    assert source.count("namespace torch { using namespace ::torch; }") == 2
+    (tmp_path / "batch.cpp").write_text(source)
+    include = [*toolchain.torch_include_dirs(), sysconfig.get_paths()["include"]]
+    argv = ["g++", f"-std={toolchain.cxx_standard()}", "-fsyntax-only", "-w"]
+    argv += [f"-I{d}" for d in include] + ["batch.cpp"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain, _ = batch_source([("cc", label.replace("namespace torch", "namespace roi"))])
+    assert "using namespace ::roi" not in plain  # a namespace of the repository's own: as is
+
+
 def test_blame_attributes_errors_to_labels():
     log = (
         'kminer_aa.cu(12): error: identifier "x" is undefined\n\n'

@@ -72,9 +72,11 @@ def batch_source(
             if text not in hoisted:
                 hoisted.add(text)
                 out.append(text)
+        libraries = sorted(set(_NAMESPACE_LINE.findall(body)) & _LIBRARY_NAMESPACES)
         out += [
             f"namespace kminer_{cid} {{",
             *[f"using ::{name};" for name in sorted(set(_INTRINSIC_OVERLOAD.findall(body)))],
+            *[f"namespace {name} {{ using namespace ::{name}; }}" for name in libraries],
             f'#line 2 "kminer_{cid}.cu"',  # as if the namespace line were line 1
             body,
             f"}}  // namespace kminer_{cid}",
@@ -105,6 +107,12 @@ _INTRINSIC_OVERLOAD = re.compile(
     re.MULTILINE,
 )
 _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)
+# A repository may put its host functions in a library's namespace (longcw/RoIAlign.pytorch:
+# `namespace torch { void crop_and_resize_gpu_forward(torch::Tensor image, ...) }`): inside the
+# label's namespace that opens `kminer_<id>::torch`, where `torch::Tensor` finds nothing, so the
+# label's own namespace of that name sees the library's through a using-directive. Only the
+# namespaces torch/extension.h, included first, has declared.
+_LIBRARY_NAMESPACES = {"torch", "at", "c10", "std", "pybind11"}
 # An operator a repository defines at global scope for CUDA's own vector types (mamba:
 # `float2 operator+(const float2 &, const float2 &)`, which `cub::BlockReduce<float2>::Sum`
 # finds by argument-dependent lookup): inside the label's namespace no lookup from CUB's code
