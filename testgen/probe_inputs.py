@@ -84,7 +84,7 @@ def _choices(slot: Slot, n: int, wider_first: bool = False) -> tuple:
         return (False, True)
     if slot.kind == "flag":  # an integer read as a flag
         return (0, 1)
-    if slot.kind == "str":
+    if slot.kind in ("str", "enum"):
         return slot.modes
     if slot.kind == "intlists":  # (groups, entries a group)
         return ((3, n), (1, n), (3, max(2, n // 4)))

@@ -369,6 +369,32 @@ def int_flags(slots: list[Slot], texts: list[tuple[str, list[str]]]) -> None:
                 slots[i] = Slot("flag")
 
 
+_ENUM = re.compile(r"\benum\s+(?:class\s+|struct\s+)?(\w+)\s*(?::\s*[\w\s]+?)?\{([^{}]*)\}")
+
+
+def enum_values(code: str, type_text: str) -> tuple[int, ...]:
+    """The values of the enum a parameter's type names, as the code declares it (inplace_abn's
+    `enum class Activation { LeakyReLU, ELU, Identity }`: 0, 1, 2), () when the code declares
+    none or one valued otherwise than by literals. The binding takes it as an integer."""
+    name = re.sub(r"\b(?:const|volatile)\b|&", " ", type_text).split()
+    name = name[-1].split("::")[-1] if name else ""
+    for found in _ENUM.finditer(code):
+        if found.group(1) != name:
+            continue
+        values, nxt = [], 0
+        for item in filter(None, (x.strip() for x in found.group(2).split(","))):
+            _, eq, value = item.partition("=")
+            if eq:
+                try:
+                    nxt = int(value.strip(), 0)
+                except ValueError:
+                    return ()
+            values.append(nxt)
+            nxt += 1
+        return tuple(dict.fromkeys(values))
+    return ()
+
+
 def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]]) -> list | None:
     """A slot per parameter, tensors with what `texts` (code, its names for the parameters by
     position) say of them; None when a parameter is of a kind no draft makes."""
@@ -394,6 +420,12 @@ def slots_for(params: list[tuple[str, str]], texts: list[tuple[str, list[str]]])
             continue
         if kind == "ints":  # numbers, one per spatial dimension (probe_slots.per_dimension)
             slots.append(Slot(kind))
+            continue
+        if kind == "any":  # an enum the code declares: each of its values, as a mode
+            modes = next((v for code, _ in texts if (v := enum_values(code, type_text))), ())
+            if not modes:
+                return None
+            slots.append(Slot("enum", modes=modes))
             continue
         if kind == "tensor?":  # drafted present: the code that reads it runs (sampled_op's
             kind = "tensor"  # left_index), where absent it would only be skipped

@@ -384,6 +384,23 @@ def test_a_string_parameter_tries_the_modes_the_code_names():
     assert slots_for(params, [("int f(std::string reduce);", ["x", "reduce"])]) is None
 
 
+def test_an_enum_parameter_is_drafted_at_each_of_its_values():
+    """inplace_abn's forward_cuda takes `Activation activation` (`enum class Activation {
+    LeakyReLU, ELU, Identity }`), which its binding takes as an integer: no call could be
+    drafted for it before. Each value is a mode; a valued enum keeps its values."""
+    from testgen.probe_slots import enum_values
+
+    code = "enum class Activation { LeakyReLU, ELU, Identity };\nenum Pool : int { MAX = 2, AVG };"
+    assert enum_values(code, "Activation") == (0, 1, 2)
+    assert enum_values(code, "const Pool&") == (2, 3)
+    assert enum_values(code, "Other") == ()
+    params = [("at::Tensor&", "x"), ("Activation", "activation")]
+    slots = slots_for(params, [(code, ["x", "activation"])])
+    assert [s.kind for s in slots] == ["tensor", "enum"] and slots[1].modes == (0, 1, 2)
+    assert [args[1] for combo, args in drafts(slots, 5) if combo[0] == 0] == [0, 1, 2]
+    assert slots_for(params, [("void f(at::Tensor& x);", ["x", "activation"])]) is None
+
+
 def test_an_optional_tensor_is_drafted_present():
     """pyg-lib's sampled_op takes `at::optional<at::Tensor> left_index`; before, such a
     parameter (a bias, an index) left its host function with no drafts at all."""
