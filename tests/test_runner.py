@@ -1070,6 +1070,29 @@ def test_a_label_refusing_a_strided_tensor_gets_the_same_values_laid_out_contigu
     assert made([x, w], RuntimeError("index out of range")) is None  # another refusal stands
 
 
+def test_the_reference_takes_the_layout_the_labels_check_asked_for():
+    """pyg-lib's CPU spline_weighting reads the data_ptr of what it is given (its autograd layer
+    made it contiguous): handed the recorded transposed view while the label got it laid out
+    contiguously, it computed on other values and the correct kernel failed 2 of 16 cases."""
+    import types
+
+    import torch
+
+    scope = _template_functions("_strided", "_upcast", "_reference_laid_out")
+    scope.update(_reference=lambda reference, args: ([reference.reference(*args)], ""))
+
+    def raw(x):  # reads memory in storage order, as C++ on data_ptr does
+        return torch.as_strided(x, x.shape, (x.shape[1], 1)) * 2
+
+    ref = types.SimpleNamespace(reference=raw)
+    x = torch.arange(12.0).reshape(3, 4).t()
+    again = scope["_reference_laid_out"](ref, [x], [x.contiguous()], "float32")
+    assert again is not None and torch.equal(again[1][0][0], x * 2)
+    assert not torch.equal(raw(x), x * 2)  # the strided view would have been read wrong
+    assert scope["_reference_laid_out"](ref, [x.contiguous()], [x.contiguous()], "float32") is None
+    assert scope["_reference_laid_out"](ref, [x], [x], "float32") is None  # no retry: as is
+
+
 def test_the_kernels_timing_runs_at_the_width_its_cases_ran():
     """On the H100 torch-points-kernels' three_interpolate ran its cases at the width it checks,
     then `crash` came from the timing call, which still passed the drafted int64 indices."""
