@@ -114,17 +114,6 @@ def _same_tensor(a, b) -> bool:
     )
 
 
-def _as_tensor(value):
-    """A result as a tensor (a test's helper may return numpy arrays); None for other values."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
-        return torch.as_tensor(value.copy())
-    return None
-
-
 def _made_the_inputs(raw: list) -> bool:
     """Whether, in every pair, the function read no tensor and returned values the binding
     then took as an argument: it made the op's inputs (longcw/RoIAlign.pytorch's
@@ -134,11 +123,9 @@ def _made_the_inputs(raw: list) -> bool:
     def fed(call, ref) -> bool:
         if any(hasattr(a, "shape") for a in [*ref.args, *ref.kwargs.values()]):
             return False
-        results = [_as_tensor(r) for r in ref.result]
         return any(
-            _same_tensor(r, a) and not _blank(a)
-            for r in results
-            if r is not None and r.numel() > 1
+            _same_tensor(_tensor(r), a) and a.numel() > 1 and not _blank(a)
+            for r in ref.result
             for a in call.args
         )
 

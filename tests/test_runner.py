@@ -1052,7 +1052,9 @@ def test_a_label_refusing_a_strided_tensor_gets_the_same_values_laid_out_contigu
 
     import torch
 
-    scope = _template_functions("_ints_retyped", "_made_contiguous", "_on_device", "_label_call")
+    scope = _template_functions(
+        "_ints_retyped", "_made_contiguous", "_strided", "_on_device", "_label_call"
+    )
     scope.update(re=re, DEVICE="cpu", FUNCTION="weighting")
 
     def weighting(x, w):
