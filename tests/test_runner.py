@@ -1121,3 +1121,22 @@ def test_the_kernels_timing_runs_at_the_width_its_cases_ran():
     case = {"id": "generated_0", "base": 0, "dtype": None, "edge": None}
     scope["_kernel_time_us"](label, base, case, reps=2)  # (no CUDA events: no time on the CPU)
     assert seen and set(seen) == {torch.int32}
+
+
+def test_cases_the_reference_ends_the_process_on_name_the_outcome():
+    """pyg-lib's CPU scatter faulted on the recorded calls its op's dispatcher broadcasts before
+    the backend: those cases are left out (the isolating run names them) and, where too few are
+    left, the outcome says the reference took them in another form, not that the kernel crashed."""
+    from testgen.standalone.runner import _mostly_left_out, outside_cases
+
+    note = (
+        "invalid: outside the op's contract: the repository's reference ended the process on "
+        "this input (run killed by SIGSEGV)"
+    )
+    cases = [{"id": f"recorded_{i}", "ok": None, "note": note} for i in range(3)]
+    cases.append({"id": "recorded_3", "ok": True, "note": ""})
+    res = {"outcome": "weak_test", "cases": cases}
+    assert _mostly_left_out(res)
+    assert res["outcome"] == "reference_disagrees"
+    assert res["detail"].startswith("the repository's reference ends the process on 3 of the 4")
+    assert set(outside_cases(cases)) == {"recorded_0", "recorded_1", "recorded_2"}

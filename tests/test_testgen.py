@@ -1389,7 +1389,8 @@ def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_
     progress = tmp_path / "progress.txt"
     module._child_cases(["made_0", "made_2"], progress, lambda: (label, reference))
     assert progress.read_text().split() == [
-        "start:made_0", "done:made_0", "start:made_2", "done:made_2"
+        "start:made_0", "ref", "refdone", "done:made_0",
+        "start:made_2", "ref", "refdone", "done:made_2",
     ]  # fmt: skip
 
     # the parent's side: children that die on made_1 and made_3 (one by SIGABRT, one by exit)
@@ -1444,6 +1445,31 @@ def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_
 
     ended = module._ending_cases(["made_1", "made_2"], spawn_faulting)
     assert ended == {"made_1": why + "kminer made (a CUDA fault)"}
+
+    # the reference itself ends the process (pyg-lib's CPU scatter faulted on a recorded call
+    # its op's dispatcher would have broadcast first): that case is left out, recorded or
+    # made; a recorded case the label ends is not (it stays the test's crash)
+    def spawn_in(ids, progress):
+        script = (
+            "import json, os, sys\n"
+            "out = open(sys.argv[2], 'a')\n"
+            "for i in json.loads(sys.argv[1]):\n"
+            "    out.write(f'start:{i}\\n'); out.flush()\n"
+            "    out.write('ref\\n'); out.flush()\n"
+            "    if i == 'recorded_1': os.kill(os.getpid(), 11)\n"
+            "    out.write('refdone\\n'); out.flush()\n"
+            "    if i == 'recorded_2': os.abort()\n"
+            "    out.write(f'done:{i}\\n'); out.flush()\n"
+        )
+        argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
+        return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+
+    ids = ["recorded_0", "recorded_1", "recorded_2", "made_0"]
+    ended = module._ending_cases(ids, spawn_in, made=["made_0"])
+    assert ended == {
+        "recorded_1": "outside the op's contract: the repository's reference ended the process "
+        "on this input (run killed by SIGSEGV)"
+    }
 
 
 def test_an_ill_conditioned_element_is_held_to_how_far_the_reference_itself_moves(

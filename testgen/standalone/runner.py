@@ -265,6 +265,13 @@ LEFT_OUT = (
         "check",
     ),
     (
+        f"{OUTSIDE_NOTE}: the repository's reference ended the process",
+        "reference_disagrees",
+        "the repository's reference ends the process on",
+        "its CPU code takes the op's arguments in another form than the recorded calls give "
+        "them (a dispatcher that broadcasts or converts them first)",
+    ),
+    (
         "invalid: nondeterministic",
         "nondeterministic",
         "the label or its reference gives another result when run again on",
@@ -500,7 +507,8 @@ class Runner:
         `assert(false)` where no tile size divides the planes): no report survives the abort,
         so one test run has a child process run the made cases, noting each before it runs it
         (a test from before KMINER_ISOLATE: a run each, the others left out), to find them. A case
-        recorded from the repository's own call that ends it stays a crash of the test."""
+        recorded from the repository's own call that the label ends stays a crash of the test;
+        one its reference ends (the test notes when the reference runs) is left out too."""
         isolated = self.check(test, impl, ref, build_dir, True, outside, isolate=True)
         ended = isolated.report.get("ended")
         if isinstance(ended, dict):  # the test found them itself
