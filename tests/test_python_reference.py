@@ -1,5 +1,6 @@
 """The repository's own PyTorch reference, paired with its binding by the recorded values."""
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -426,3 +427,43 @@ def test_a_function_that_made_the_ops_inputs_is_no_reference(tmp_path):
     found = pair(refs, "forward", tmp_path, "void")
     assert [p.function for p in found] == ["doubled_ref"]
     assert found[0].params["x"] == ("arg", 0) and found[0].outputs == [("arg", 1)]
+
+
+def test_a_check_at_a_modules_top_level_is_recorded_before_its_timing_loop_is_cut(tmp_path):
+    """ChamferDistancePytorch's unit_test.py checks each op at its top level (the op against
+    `chamfer_python.distChamfer`), then times both for 100 steps: its import outlasted the
+    recording, and the calls were lost with it. The import is now cut at the file's budget, the
+    calls kept; a module named as a reference (`*_python.py`) has each of its functions
+    recorded as a possible reference."""
+    import subprocess
+    import sys
+
+    from testgen.standalone import RECORDER
+
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    shutil.rmtree(repo / "tests")
+    (repo / "pyref" / "plain_python.py").write_text(
+        "def scaled(x, y, mode=None):\n    return x * 0.5 + y\n"
+    )
+    (repo / "unit_test.py").write_text(
+        "import time\n"
+        "import torch\n"
+        "import pyref.plain_python as plain\n"
+        "from pyref.ops import scale_add\n\n\n"
+        "def test_scale(fn, n):  # takes arguments: pytest cannot run it itself\n"
+        "    x, y = torch.randn(n, device='cuda'), torch.randn(n, device='cuda')\n"
+        "    assert torch.allclose(fn(x, y), plain.scaled(x, y))\n\n\n"
+        "test_scale(scale_add, 8)\n"
+        "while True:  # the timing loop: it outlasts any budget\n"
+        "    time.sleep(0.05)\n"
+    )
+    out = tmp_path / "calls.pt"
+    env = {**os.environ, "KMINER_RECORD_BUDGET_S": "4"}
+    argv = [sys.executable, str(RECORDER), str(repo), str(repo / "unit_test.py"), str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    raw = torch.load(out, weights_only=True)
+    assert [c[0] for c in raw["calls"]] == ["scale_add"]
+    (ref,) = [r for r in raw["refs"] if r[1] == "scaled"]
+    assert ref[0] == "pyref/plain_python.py" and ref[2][0].shape == (8,)
