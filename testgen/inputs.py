@@ -47,6 +47,7 @@ class RecordedCall:
     # kminer made it, no test did (a backward call from a forward call's gradient): the label's
     # host code may refuse it, which makes an invalid case, never a failure
     made: bool = False
+    module: str = ""  # the extension module it went to, as the test imported it
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""
@@ -82,6 +83,45 @@ class Recorded(dict):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.refs: list[RefCall] = []
+
+    def for_source(self, source: str, kernel_files: list[str]) -> Recorded:
+        """The calls a candidate of `source` may take: without those that went to a module
+        named after another kernel file's folder or stem and not after its own. Several
+        extensions bind the same names (ChamferDistancePytorch's chamfer_2D, chamfer_3D and
+        chamfer_5D each bind `forward`): the 5D kernel given the 2D op's points reads past
+        them, and its test would blame it."""
+        mine = _path_words(source)
+        others = set().union(*(_path_words(f) for f in kernel_files)) - mine
+        view = Recorded(
+            {
+                name: [c for c in calls if _module_word(c.module) not in others]
+                for name, calls in self.items()
+            }
+        )
+        view.refs = self.refs
+        return view
+
+
+# words of a module's or file's name that say only how it is built, not which op it holds
+_BUILD_WORDS = {"c", "cu", "cpp", "cuda", "ext", "gpu", "lib", "op", "ops", "kernel", "kernels"}
+_BUILD_WORDS |= {"plugin", "impl", "src", "csrc"}
+
+
+def _word(name: str) -> str:
+    """A name as a word to compare: lower case, its `_`-separated words but those that say
+    only how it is built (`chamfer_3D`: chamfer3d; `roi_align_cuda`: roialign; `_C`: none)."""
+    words = re.split(r"[^0-9a-z]+", name.lower())
+    return "".join(w for w in words if w not in _BUILD_WORDS)
+
+
+def _path_words(path: str) -> set[str]:
+    """The words of a source file's folders and stem (`chamfer3D/chamfer3D.cu`: chamfer3d)."""
+    parts = Path(path).parts
+    return {_word(p) for p in [*parts[:-1], Path(path).stem] if _word(p)}
+
+
+def _module_word(module: str) -> str:
+    return _word(module.rsplit(".", 1)[-1]) if module else ""
 
 
 def repo_test_files(repo: Path) -> list[Path]:
@@ -201,6 +241,7 @@ def _recorded_call(entry: tuple, rel: str, steps: list) -> RecordedCall:
             )
     setup = [steps[i] for i in rest[2]] if len(rest) > 2 else []
     call.setup = [(name, list(args), dict(kwargs)) for name, args, kwargs in setup]
+    call.module = str(rest[3]) if len(rest) > 3 else ""
     return call
 
 

@@ -58,4 +58,10 @@ class Testgen(Stage):
         with ctx.timed("record"):
             recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted, built)
         llm = ctx.llm and ModelHelp(ctx.llm, ctx.store, ctx.cfg.max_attempts)
-        yield from self.each(batch, lambda c: generate_for(c, refs, recorded, ctx.workdir, llm))
+        kernel_files = sorted({c.kernel.file for c in [*everyone, *batch]})
+        yield from self.each(
+            batch,
+            lambda c: generate_for(
+                c, refs, recorded.for_source(c.kernel.file, kernel_files), ctx.workdir, llm
+            ),
+        )

@@ -431,10 +431,11 @@ def test_a_function_that_made_the_ops_inputs_is_no_reference(tmp_path):
 
 def test_a_check_at_a_modules_top_level_is_recorded_before_its_timing_loop_is_cut(tmp_path):
     """ChamferDistancePytorch's unit_test.py checks each op at its top level (the op against
-    `chamfer_python.distChamfer`), then times both for 100 steps: its import outlasted the
-    recording, and the calls were lost with it. The import is now cut at the file's budget, the
-    calls kept; a module named as a reference (`*_python.py`) has each of its functions
-    recorded as a possible reference."""
+    `chamfer_python.distChamfer`), then times both for 100 steps, for three ops in turn: its
+    import outlasted the recording, and the calls were lost with it. The import is now cut at
+    the file's budget with the calls kept, each call of the file's own functions made as it is
+    imported has a share of that time (so the next op's check still runs), and a module named
+    as a reference (`*_python.py`) has each of its functions recorded as a possible one."""
     import subprocess
     import sys
 
@@ -454,16 +455,49 @@ def test_a_check_at_a_modules_top_level_is_recorded_before_its_timing_loop_is_cu
         "def test_scale(fn, n):  # takes arguments: pytest cannot run it itself\n"
         "    x, y = torch.randn(n, device='cuda'), torch.randn(n, device='cuda')\n"
         "    assert torch.allclose(fn(x, y), plain.scaled(x, y))\n\n\n"
-        "test_scale(scale_add, 8)\n"
-        "while True:  # the timing loop: it outlasts any budget\n"
+        "def timing(n):  # it outlasts any budget\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n\n\n"
+        "for n in (8, 5):\n"
+        "    test_scale(scale_add, n)\n"
+        "    timing(n)\n"
+        "while True:  # and so does what follows\n"
         "    time.sleep(0.05)\n"
     )
     out = tmp_path / "calls.pt"
-    env = {**os.environ, "KMINER_RECORD_BUDGET_S": "4"}
+    env = {**os.environ, "KMINER_RECORD_BUDGET_S": "6", "KMINER_RECORD_CALL_SHARE_S": "1"}
     argv = [sys.executable, str(RECORDER), str(repo), str(repo / "unit_test.py"), str(out)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     raw = torch.load(out, weights_only=True)
-    assert [c[0] for c in raw["calls"]] == ["scale_add"]
-    (ref,) = [r for r in raw["refs"] if r[1] == "scaled"]
-    assert ref[0] == "pyref/plain_python.py" and ref[2][0].shape == (8,)
+    assert [(c[0], c[1][0].shape[0]) for c in raw["calls"]] == [("scale_add", 8), ("scale_add", 5)]
+    assert raw["calls"][0][6] == "pyref_ext"  # the module it went to
+    refs = [r for r in raw["refs"] if r[1] == "scaled"]
+    assert [r[2][0].shape[0] for r in refs] == [8, 5]
+    assert refs[0][0] == "pyref/plain_python.py"
+
+
+def test_calls_to_a_module_named_after_another_kernels_file_are_not_this_kernels():
+    """ChamferDistancePytorch builds chamfer_2D, chamfer_3D and chamfer_5D, each binding
+    `forward`: the recorder keeps which module a call went to, and a kernel of chamfer3D/ takes
+    neither chamfer_2D's calls (its kernel would read 3 floats a point of 2-float points) nor
+    another's; a module named after no kernel file (`mmcv._ext`) serves every kernel."""
+    from testgen.inputs import Recorded, RecordedCall
+
+    files = ["chamfer2D/chamfer2D.cu", "chamfer3D/chamfer3D.cu", "ops/roi_align_cuda.cu"]
+    recorded = Recorded(
+        {
+            "forward": [
+                RecordedCall("forward", [], module=m) for m in ("chamfer_2D", "chamfer_3D")
+            ],
+            "roi_align_forward": [RecordedCall("roi_align_forward", [], module="mmcv._ext")],
+        }
+    )
+    mine = recorded.for_source("chamfer3D/chamfer3D.cu", files)
+    assert [c.module for c in mine["forward"]] == ["chamfer_3D"]
+    assert [c.module for c in mine["roi_align_forward"]] == ["mmcv._ext"]
+    assert mine.refs is recorded.refs
+    other = recorded.for_source("chamfer6D/chamfer6D.cu", [*files, "chamfer6D/chamfer6D.cu"])
+    assert other["forward"] == []  # both are another kernel's
+    alone = recorded.for_source("roi_align_cuda.cu", ["roi_align_cuda.cu"])
+    assert len(alone["forward"]) == 2  # no kernel file names either module: both kept

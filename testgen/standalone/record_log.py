@@ -46,9 +46,12 @@ class _Log:
         self._dispatching = False  # inside a dispatcher run on both devices
         self.objects = _Objects(_snapshot, _TOO_BIG)  # the bound classes' objects, and steps
 
-    def add(self, function: str, args: tuple, kwargs: dict, step: int | None = None) -> int | None:
+    def add(
+        self, function: str, args: tuple, kwargs: dict, step: int | None = None, module: str = ""
+    ) -> int | None:
         """Keep the call; its index when it is new (see `written`), else None. `step`: the
-        call as a step of the objects it takes (record_objects), whose setup it keeps."""
+        call as a step of the objects it takes (record_objects), whose setup it keeps;
+        `module`: the extension it went to (chamfer_2D and chamfer_3D both bind `forward`)."""
         count = self._count.get(function, 0)
         shapes = (function, _shapes(args), _shapes(kwargs.values()))
         if self.paused or count >= MAX_SHAPED_CALLS_PER_FUNCTION:
@@ -67,7 +70,7 @@ class _Log:
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
             return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
-        key = (function, tuple(map(_fingerprint, snap)), named_keys)
+        key = (module, function, tuple(map(_fingerprint, snap)), named_keys)
         with contextlib.suppress(TypeError):  # unhashable: kept
             if key in self._seen:
                 self._test[0].append(self._seen[key])
@@ -76,7 +79,7 @@ class _Log:
         self._shapes.add(shapes)
         self._count[function] = count + 1
         self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named, {}, [], setup))
+        self.calls.append((function, snap, named, {}, [], setup, module))
         return len(self.calls) - 1
 
     def returned(self, index: int, result) -> None:

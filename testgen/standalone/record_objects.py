@@ -167,6 +167,7 @@ def kept_steps(steps: list, calls: list) -> tuple[list, list]:
 
     out_steps = [renumber(list(steps[k])) for k in needed]
     out_calls = [
-        (*renumber(list(c[:5])), [number[k] for k in c[5]]) if len(c) > 5 else c for c in calls
+        (*renumber(list(c[:5])), [number[k] for k in c[5]], *c[6:]) if len(c) > 5 else c
+        for c in calls
     ]
     return out_steps, out_calls

@@ -182,7 +182,7 @@ class _Recorder(types.ModuleType):
             step = None  # the call as a step of the objects it makes or takes
             if objects.is_class(target) or objects.involved(args, kwargs):
                 step = objects.step(attr, args, kwargs)
-            index = log.add(attr, args, kwargs, step)
+            index = log.add(attr, args, kwargs, step, self.__name__)
             if target is None:
                 return None
             try:
@@ -651,7 +651,11 @@ class _TagRefs(ast.NodeTransformer):
     def visit_Module(self, node):
         for stmt in node.body:
             if isinstance(stmt, ast.FunctionDef):
+                plain = not stmt.decorator_list  # not a fixture, nor marked
                 self._tag(stmt)
+                if self.test_file and plain:
+                    # each call made as the file is imported has a share of its time
+                    stmt.decorator_list.insert(0, ast.Name("__kminer_share__", ast.Load()))
                 if not self.test_file and _calls_a_reference(stmt):
                     stmt.decorator_list.append(self._decorator("__kminer_both__", stmt.name))
             elif isinstance(stmt, ast.ClassDef) and self.test_file:
@@ -1008,6 +1012,53 @@ def _cut_after(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
+# a call of a test file's own function as the file is imported runs this long at most
+CALL_SHARE_S = float(os.environ.get("KMINER_RECORD_CALL_SHARE_S") or 10.0)
+_SHARING = [False, 0]  # [whether the file is being imported (not a test's run), share depth]
+
+
+class _CallOutOfTime(BaseException):
+    """One call's share is spent (see `_shared`); the recording goes on after that call."""
+
+
+def _shared(fn):
+    """A function of a test file, each call of it made while the file is imported limited to
+    CALL_SHARE_S: ChamferDistancePytorch's unit_test.py runs, at its top level, a check then a
+    100-step timing of each of three ops in turn; the first timing would eat the whole budget
+    and the other ops' checks never run. The outer cut (the file's budget) stays armed."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not _SHARING[0] or _SHARING[1] or not hasattr(signal, "setitimer"):
+            return fn(*args, **kwargs)
+        outer, _ = signal.getitimer(signal.ITIMER_REAL)
+        if outer and outer <= CALL_SHARE_S:  # the file's own cut comes first
+            return fn(*args, **kwargs)
+        mine = _CallOutOfTime()
+
+        def cut(signum, frame):
+            raise mine
+
+        before = signal.signal(signal.SIGALRM, cut)
+        start = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, CALL_SHARE_S)
+        _SHARING[1] += 1
+        try:
+            return fn(*args, **kwargs)
+        except _CallOutOfTime as e:
+            if e is not mine:
+                raise
+            return None
+        finally:
+            _SHARING[1] -= 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, before)
+            if outer:
+                signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+    return run
+
+
 def main(argv: list[str]) -> int:
     repo, test_file, out = (os.path.abspath(a) for a in argv[:3])
     built = {}
@@ -1034,6 +1085,7 @@ def main(argv: list[str]) -> int:
     builtins.__kminer_both__ = log.on_both_devices
     builtins.__kminer_begin__ = log.begin
     builtins.__kminer_failed__ = _show_failure
+    builtins.__kminer_share__ = _shared
 
     started = time.monotonic()
 
@@ -1067,6 +1119,7 @@ def main(argv: list[str]) -> int:
 
         @staticmethod
         def pytest_runtest_setup(item):
+            _SHARING[0] = False  # a test's run has its own share
             log.begin()
             left = RECORD_BUDGET_S - (time.monotonic() - started)
             if left <= 0:  # what was recorded is kept
@@ -1076,6 +1129,7 @@ def main(argv: list[str]) -> int:
         @staticmethod
         def pytest_runtest_teardown(item):
             _cut_after(_left())  # back to the file's whole budget
+            _SHARING[0] = True
 
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, finder.repo)
@@ -1107,8 +1161,10 @@ def main(argv: list[str]) -> int:
             # its top level: ChamferDistancePytorch's unit_test.py) is cut at the file's
             # budget too, the calls it made kept
             _cut_after(_left())
+            _SHARING[0] = True
             with contextlib.suppress(_OutOfTime):
                 pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
+            _SHARING[0] = False
             _cut_after(0)
         if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
             left = RECORD_BUDGET_S - (time.monotonic() - started)  # main block calls (pytest
