@@ -84,17 +84,21 @@ class Recorded(dict):
         super().__init__(*args, **kwargs)
         self.refs: list[RefCall] = []
 
-    def for_source(self, source: str, kernel_files: list[str]) -> Recorded:
-        """The calls a candidate of `source` may take: without those that went to a module
-        named after another kernel file's folder or stem and not after its own. Several
-        extensions bind the same names (ChamferDistancePytorch's chamfer_2D, chamfer_3D and
-        chamfer_5D each bind `forward`): the 5D kernel given the 2D op's points reads past
-        them, and its test would blame it."""
+    def for_source(self, source: str, kernel_files: list[str], shared: set[str]) -> Recorded:
+        """The calls a candidate of `source` may take: of a binding name that kernels of
+        several files are reached by (`shared`), not those that went to a module named after
+        another kernel file's folder or stem and not after its own. Several extensions bind
+        the same names (ChamferDistancePytorch's chamfer_2D, chamfer_3D and chamfer_5D each
+        bind `forward`): the 5D kernel given the 2D op's points reads past them, and its test
+        would blame it. (A name only one kernel's file is reached by keeps every call: an
+        extension named after one op may bind another's.)"""
         mine = _path_words(source)
         others = set().union(*(_path_words(f) for f in kernel_files)) - mine
         view = Recorded(
             {
-                name: [c for c in calls if _module_word(c.module) not in others]
+                name: [
+                    c for c in calls if name not in shared or _module_word(c.module) not in others
+                ]
                 for name, calls in self.items()
             }
         )

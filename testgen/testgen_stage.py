@@ -17,7 +17,7 @@ from miner.stage import Done, RunContext, Stage
 from testgen.carry import public_names
 from testgen.cpu_twin import cpu_extensions
 from testgen.generate import ModelHelp, generate_for
-from testgen.inputs import record_repo_calls
+from testgen.inputs import Recorded, record_repo_calls
 from testgen.python_branch import branch_twins
 from testgen.reference import RepoRefs
 
@@ -58,10 +58,16 @@ class Testgen(Stage):
         with ctx.timed("record"):
             recorded = record_repo_calls(ctx.src.root, ctx.workdir / "recorded", wanted, built)
         llm = ctx.llm and ModelHelp(ctx.llm, ctx.store, ctx.cfg.max_attempts)
+        # a binding name that kernels of several files are reached by (chamfer_2D's and
+        # chamfer_3D's `forward`): its calls are told apart by the module they went to
+        files_of: dict[str, set[str]] = {}
+        for c in [*everyone, *batch]:
+            for name in public_names(c):
+                files_of.setdefault(name, set()).add(c.kernel.file)
+        shared = {name for name, files in files_of.items() if len(files) > 1}
         kernel_files = sorted({c.kernel.file for c in [*everyone, *batch]})
-        yield from self.each(
-            batch,
-            lambda c: generate_for(
-                c, refs, recorded.for_source(c.kernel.file, kernel_files), ctx.workdir, llm
-            ),
-        )
+
+        def mine(c: Candidate) -> Recorded:
+            return recorded.for_source(c.kernel.file, kernel_files, shared)
+
+        yield from self.each(batch, lambda c: generate_for(c, refs, mine(c), ctx.workdir, llm))

@@ -493,11 +493,17 @@ def test_calls_to_a_module_named_after_another_kernels_file_are_not_this_kernels
             "roi_align_forward": [RecordedCall("roi_align_forward", [], module="mmcv._ext")],
         }
     )
-    mine = recorded.for_source("chamfer3D/chamfer3D.cu", files)
+    shared = {"forward"}  # the name kernels of several files are reached by
+    mine = recorded.for_source("chamfer3D/chamfer3D.cu", files, shared)
     assert [c.module for c in mine["forward"]] == ["chamfer_3D"]
     assert [c.module for c in mine["roi_align_forward"]] == ["mmcv._ext"]
     assert mine.refs is recorded.refs
-    other = recorded.for_source("chamfer6D/chamfer6D.cu", [*files, "chamfer6D/chamfer6D.cu"])
+    other = recorded.for_source(
+        "chamfer6D/chamfer6D.cu", [*files, "chamfer6D/chamfer6D.cu"], shared
+    )
     assert other["forward"] == []  # both are another kernel's
-    alone = recorded.for_source("roi_align_cuda.cu", ["roi_align_cuda.cu"])
+    alone = recorded.for_source("roi_align_cuda.cu", ["roi_align_cuda.cu"], shared)
     assert len(alone["forward"]) == 2  # no kernel file names either module: both kept
+    # a name one kernel's file alone is reached by keeps every call, whatever the module's
+    # name (an extension `chamfer_2D` that also bound the 3D op)
+    assert len(recorded.for_source("chamfer3D/chamfer3D.cu", files, set())["forward"]) == 2
