@@ -346,9 +346,46 @@ def compile_source(
 
 
 def extension_env() -> dict[str, str]:
-    """Environment for a `cpp_extension.load` build: the same arch list as every other build,
-    and the header-only libraries on the compilers' search path (CPATH: g++ and nvcc)."""
+    """Environment for a `cpp_extension.load` build and the process that loads it: the same
+    arch list as every other build, the header-only libraries on the compilers' search path
+    (CPATH: g++ and nvcc), and the system's C++ runtime preloaded where torch imports with it
+    (`preloaded_cxx_runtime`)."""
     env = {"TORCH_CUDA_ARCH_LIST": arch_list()}
     if header_library_dirs():
         env["CPATH"] = os.pathsep.join(header_library_dirs())
+    runtime = preloaded_cxx_runtime()
+    if runtime:
+        env["LD_PRELOAD"] = runtime
     return env
+
+
+@functools.cache
+def preloaded_cxx_runtime() -> str:
+    """The system's libstdc++ to preload into a process that loads extensions, or "" (not
+    Linux, none found, LD_PRELOAD already set, torch does not import with it, or
+    KMINER_PRELOAD_CXX_RUNTIME=0). On the H100 box (torch 2.11 wheel, Ubuntu's g++ 13) an
+    extension linked with --as-needed took its C++ runtime symbols from torch's own libraries,
+    not libstdc++ (its NEEDED list lacked it), and any exception leaving it, a TORCH_CHECK that
+    fired, ended the process with SIGSEGV: every input a label or a CPU reference refused was
+    a crash of its test, not an invalid case. With libstdc++ loaded first the same call raised
+    RuntimeError (measured). Where torch links libstdc++ itself this changes nothing."""
+    import ctypes.util
+    import sys
+
+    if os.environ.get("KMINER_PRELOAD_CXX_RUNTIME") == "0" or os.environ.get("LD_PRELOAD"):
+        return ""
+    if not sys.platform.startswith("linux"):
+        return ""
+    lib = ctypes.util.find_library("stdc++") or ""
+    if not lib:
+        return ""
+    try:  # only the interpreter and torch run here, no repository code
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torch"],
+            env={**os.environ, "LD_PRELOAD": lib},
+            capture_output=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return lib if probe.returncode == 0 else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -1140,3 +1141,29 @@ def test_cases_the_reference_ends_the_process_on_name_the_outcome():
     assert res["outcome"] == "reference_disagrees"
     assert res["detail"].startswith("the repository's reference ends the process on 3 of the 4")
     assert set(outside_cases(cases)) == {"recorded_0", "recorded_1", "recorded_2"}
+
+
+def test_extensions_load_with_the_systems_cxx_runtime_preloaded(monkeypatch):
+    """On the H100 box an extension took its C++ runtime from torch's own libraries and any
+    TORCH_CHECK that fired in it ended the process (SIGSEGV); with libstdc++ preloaded it raised
+    RuntimeError. Tests and batch builds get it in their environment where torch imports with
+    it; a user's own LD_PRELOAD, or KMINER_PRELOAD_CXX_RUNTIME=0, leaves it out."""
+    import subprocess
+    import sys
+
+    from miner import toolchain
+
+    toolchain.preloaded_cxx_runtime.cache_clear()
+    env = toolchain.extension_env()
+    assert env["LD_PRELOAD"].startswith("libstdc++.so")
+    probe = "import torch; print(open('/proc/self/maps').read())"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "libstdc++.so" in done.stdout
+    for var, value in (("KMINER_PRELOAD_CXX_RUNTIME", "0"), ("LD_PRELOAD", "libmine.so")):
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            toolchain.preloaded_cxx_runtime.cache_clear()
+            assert "LD_PRELOAD" not in toolchain.extension_env()
+    toolchain.preloaded_cxx_runtime.cache_clear()
