@@ -11,6 +11,7 @@ it to the label's launcher.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import logging
@@ -118,10 +119,11 @@ def _word(name: str) -> str:
     return "".join(w for w in words if w not in _BUILD_WORDS)
 
 
-def _path_words(path: str) -> set[str]:
+@functools.cache
+def _path_words(path: str) -> frozenset[str]:
     """The words of a source file's folders and stem (`chamfer3D/chamfer3D.cu`: chamfer3d)."""
-    parts = Path(path).parts
-    return {_word(p) for p in [*parts[:-1], Path(path).stem] if _word(p)}
+    words = {_word(p) for p in [*Path(path).parts[:-1], Path(path).stem]}
+    return frozenset(words - {""})
 
 
 def _module_word(module: str) -> str:

@@ -47,8 +47,8 @@ class Testgen(Stage):
         refs = RepoRefs(ctx.ensure_discovery())
         # the ops of every candidate of the repository, not only this batch's: a rerun of one
         # kernel (--filter) records with the same modules behind it (spmm needs ind2ptr's result)
-        everyone = ctx.store.candidates(ctx.repo_id) if ctx.repo_id else []
-        names = [public_names(c) for c in [*everyone, *batch] if c.wrapper.label_path]
+        everyone = [*(ctx.store.candidates(ctx.repo_id) if ctx.repo_id else []), *batch]
+        names = [public_names(c) for c in everyone if c.wrapper.label_path]
         # an unknown binding: every file
         wanted = None if not all(names) else {n for each in names for n in each}
         if wanted:  # the CPU bindings the Python calls instead on CPU tensors (python_branch)
@@ -61,11 +61,11 @@ class Testgen(Stage):
         # a binding name that kernels of several files are reached by (chamfer_2D's and
         # chamfer_3D's `forward`): its calls are told apart by the module they went to
         files_of: dict[str, set[str]] = {}
-        for c in [*everyone, *batch]:
+        for c in everyone:
             for name in public_names(c):
                 files_of.setdefault(name, set()).add(c.kernel.file)
         shared = {name for name, files in files_of.items() if len(files) > 1}
-        kernel_files = sorted({c.kernel.file for c in [*everyone, *batch]})
+        kernel_files = sorted({c.kernel.file for c in everyone})
 
         def mine(c: Candidate) -> Recorded:
             return recorded.for_source(c.kernel.file, kernel_files, shared)

@@ -1393,19 +1393,26 @@ def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_
         "start:made_2", "ref", "refdone", "done:made_2",
     ]  # fmt: skip
 
-    # the parent's side: children that die on made_1 and made_3 (one by SIGABRT, one by exit)
-    def spawn(ids, progress):
+    def children(*steps):
+        """A spawn whose child, for each id `i`, notes `start:{i}`, runs `steps` (lines of
+        Python that may note more or end the child), then notes `done:{i}`."""
+        body = "".join(f"    {step}\n" for step in steps)
         script = (
             "import json, os, sys\n"
             "out = open(sys.argv[2], 'a')\n"
+            "note = lambda w: (out.write(w + '\\n'), out.flush())\n"
             "for i in json.loads(sys.argv[1]):\n"
-            "    out.write(f'start:{i}\\n'); out.flush()\n"
-            "    if i == 'made_1': os.abort()\n"
-            "    if i == 'made_3': os._exit(3)\n"
-            "    out.write(f'done:{i}\\n'); out.flush()\n"
+            f"    note(f'start:{{i}}')\n{body}    note(f'done:{{i}}')\n"
         )
-        argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
-        return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+
+        def spawn(ids, progress):
+            argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
+            return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+
+        return spawn
+
+    # the parent's side: children that die on made_1 and made_3 (one by SIGABRT, one by exit)
+    spawn = children("if i == 'made_1': os.abort()", "if i == 'made_3': os._exit(3)")
 
     why = "outside the op's contract: the repository's code ended the process on this input "
     ended = module._ending_cases([f"made_{i}" for i in range(5)], spawn)
@@ -1449,21 +1456,12 @@ def test_made_cases_that_end_the_process_are_found_in_one_test_run(refrepo, tmp_
     # the reference itself ends the process (pyg-lib's CPU scatter faulted on a recorded call
     # its op's dispatcher would have broadcast first): that case is left out, recorded or
     # made; a recorded case the label ends is not (it stays the test's crash)
-    def spawn_in(ids, progress):
-        script = (
-            "import json, os, sys\n"
-            "out = open(sys.argv[2], 'a')\n"
-            "for i in json.loads(sys.argv[1]):\n"
-            "    out.write(f'start:{i}\\n'); out.flush()\n"
-            "    out.write('ref\\n'); out.flush()\n"
-            "    if i == 'recorded_1': os.kill(os.getpid(), 11)\n"
-            "    out.write('refdone\\n'); out.flush()\n"
-            "    if i == 'recorded_2': os.abort()\n"
-            "    out.write(f'done:{i}\\n'); out.flush()\n"
-        )
-        argv = [sys.executable, "-c", script, json.dumps(ids), str(progress)]
-        return subprocess.Popen(argv, stderr=subprocess.DEVNULL)
-
+    spawn_in = children(
+        "note('ref')",
+        "if i == 'recorded_1': os.kill(os.getpid(), 11)",
+        "note('refdone')",
+        "if i == 'recorded_2': os.abort()",
+    )
     ids = ["recorded_0", "recorded_1", "recorded_2", "made_0"]
     ended = module._ending_cases(ids, spawn_in, made=["made_0"])
     assert ended == {

@@ -1089,8 +1089,8 @@ def main(argv: list[str]) -> int:
 
     started = time.monotonic()
 
-    def _left() -> float:
-        return max(RECORD_BUDGET_S - (time.monotonic() - started), 0.001)
+    def _left() -> float:  # of the file's budget
+        return RECORD_BUDGET_S - (time.monotonic() - started)
 
     class _Boundaries:
         ran = 0  # tests that reached their call phase
@@ -1121,14 +1121,14 @@ def main(argv: list[str]) -> int:
         def pytest_runtest_setup(item):
             _SHARING[0] = False  # a test's run has its own share
             log.begin()
-            left = RECORD_BUDGET_S - (time.monotonic() - started)
+            left = _left()
             if left <= 0:  # what was recorded is kept
                 pytest.skip("kminer: the recording's time is up")
             _cut_after(min(TEST_SHARE_S, left))
 
         @staticmethod
         def pytest_runtest_teardown(item):
-            _cut_after(_left())  # back to the file's whole budget
+            _cut_after(max(_left(), 1e-3))  # back to the file's whole budget
             _SHARING[0] = True
 
     sys.meta_path.insert(0, finder)
@@ -1160,14 +1160,14 @@ def main(argv: list[str]) -> int:
             # code the module runs as it is imported (a check, then a 100-step timing loop at
             # its top level: ChamferDistancePytorch's unit_test.py) is cut at the file's
             # budget too, the calls it made kept
-            _cut_after(_left())
+            _cut_after(max(_left(), 1e-3))
             _SHARING[0] = True
             with contextlib.suppress(_OutOfTime):
                 pytest.main(["-q", *options, test_file], plugins=[_Boundaries()])
             _SHARING[0] = False
             _cut_after(0)
         if script and not _Boundaries.ran:  # a script, or `test_exp(Group)` functions its
-            left = RECORD_BUDGET_S - (time.monotonic() - started)  # main block calls (pytest
+            left = _left()  # main block calls (pytest
             _load_package_submodules()
             _run_script(test_file, tree, max(left, 1.0))  # finds no fixture `Group`)
         log.begin()
