@@ -507,3 +507,36 @@ def test_calls_to_a_module_named_after_another_kernels_file_are_not_this_kernels
     # a name one kernel's file alone is reached by keeps every call, whatever the module's
     # name (an extension `chamfer_2D` that also bound the 3D op)
     assert len(recorded.for_source("chamfer3D/chamfer3D.cu", files, set())["forward"]) == 2
+
+
+def test_the_package_finds_its_own_installed_version(tmp_path):
+    """InternImage's DCNv3 reads its own distribution's version as it is imported
+    (`pkg_resources.get_distribution('DCNv3').version`) to choose how many arguments its
+    extension takes: the recorder answers with the version its setup.py installs, through
+    pkg_resources and importlib.metadata, so the package imports and its calls are recorded
+    with the arguments the installed one passes."""
+    repo = tmp_path / "repo"
+    (repo / "tinyops").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "setup.py").write_text(
+        "from setuptools import setup\nfrom torch.utils.cpp_extension import CUDAExtension\n"
+        "setup(name='Tiny-Ops', version='1.1',\n"
+        "      ext_modules=[CUDAExtension('tinyops_ext', ['op.cu'])])\n"
+    )
+    (repo / "tinyops" / "__init__.py").write_text("")
+    (repo / "tinyops" / "func.py").write_text(
+        "import importlib.metadata\nimport pkg_resources\nimport tinyops_ext\n"
+        "VERSION = float(pkg_resources.get_distribution('tiny_ops').version)\n"
+        "SAME = importlib.metadata.version('tiny-ops') == '1.1'\n"
+        "def op(x):\n"
+        "    args = [x, 2.0]\n"
+        "    if VERSION > 1.0 and SAME:\n"
+        "        args.append(True)\n"
+        "    return tinyops_ext.forward(*args)\n"
+    )
+    (repo / "tests" / "test_op.py").write_text(
+        "import torch\nfrom tinyops.func import op\n\ndef test_op():\n    op(torch.ones(3))\n"
+    )
+    recorded = record_repo_calls(repo, tmp_path / "cache")
+    (call,) = recorded["forward"]
+    assert len(call.args) == 3 and call.args[2] is True

@@ -210,6 +210,28 @@ def test_plan_has_five_cases_over_three_shapes_from_one_recorded_call():
     assert p.cases[6]["tile"] == {"args": [0, 2], "times": 3}
 
 
+def test_a_widened_case_stays_within_the_size_a_test_holds():
+    """37 copies of a large call's channels (ChamferDistancePytorch: 32 clouds of 2000
+    points became 74000 a cloud) are minutes of a CPU reference comparing every pair: the
+    widening that would pass MAX_ELEMENTS comes from a smaller recorded call instead, and
+    none is made when no call is small enough."""
+    from testgen.cases import MAX_ELEMENTS
+
+    big = roi_call(channels=3)
+    big[0], big[2] = torch.randn(2, 3, 128, 128), torch.zeros(2, 3, 2, 2)  # x3 fits, x37 not
+    small = roi_call(channels=3)
+    p = plan([BaseCall(big, "t.py"), BaseCall(small, "t.py")], ["float32"])
+    tiles = {c["id"]: c["base"] for c in p.cases if c["tile"]}
+    assert tiles == {"channels_x3": 0, "channels_x37": 1}
+    for c in p.cases:
+        if c["tile"]:
+            args = p.base[c["base"]].args
+            extra = sum(args[i].numel() for i in c["tile"]["args"]) * (c["tile"]["times"] - 1)
+            assert sum(a.numel() for a in args if hasattr(a, "numel")) + extra <= MAX_ELEMENTS
+    alone = plan([BaseCall(big, "t.py")], ["float32"])
+    assert [c["id"] for c in alone.cases if c["tile"]] == ["channels_x3"]
+
+
 def test_an_index_tensors_absent_entries_are_filled_in_one_case_each():
     """pytorch3d's rasterizer backward kernels: pix_to_face (N, H, W, K) holds -1 where a pixel
     has fewer than K faces, and the last pixel is background in every recorded image, so a loop
@@ -956,6 +978,31 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
     quick = SimpleNamespace(reference=lambda x, out, flag: [out.copy_(x * 2), None][1])
     got, note = module._reference(quick, [torch.ones(3), torch.zeros(3), False])
     assert note == "" and any(torch.equal(g, torch.full((3,), 2.0)) for g in got)
+
+
+def test_the_reference_has_a_time_for_the_whole_run(refrepo, tmp_path):
+    """Cases each under the per-case limit still add up past the run's time limit (a CPU
+    reference comparing every pair of 64000 points): once the run's reference time is spent,
+    the cases left are left out with SLOW_NOTE, which the runner passes to the variants' runs
+    (a variant must not be judged on a case the label never was)."""
+    import time
+    from types import SimpleNamespace
+
+    from testgen.standalone.runner import outside_cases
+
+    module = _generated_test_module(refrepo, tmp_path)
+    module.DEVICE = "cpu"
+    module.REFERENCE_RUN_S = 2
+    slow = SimpleNamespace(reference=lambda x, out, flag: [time.sleep(0.2), out.copy_(x)][0])
+    label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x), None][1]})
+    base = [[torch.ones(3), torch.zeros(3), False]]
+    results = [module._run_case(_case(f"c{i}", False), base, label, slow) for i in range(12)]
+    assert results[0]["ok"] is True
+    last = results[-1]
+    assert last["ok"] is None and last["note"].startswith("invalid: left out for time")
+    assert "went to the cases before" in results[-1]["note"]
+    assert module._REFERENCE_SPENT[0] < 3  # a case left out costs no reference time
+    assert set(outside_cases(results)) == {r["id"] for r in results if r["ok"] is None}
 
 
 def test_a_half_case_whose_result_overflows_float16_is_left_out(refrepo, tmp_path):

@@ -257,9 +257,25 @@ def test_batch_build_isolates_a_broken_label(opchain):
         "  if (threadIdx.x == 0) x[0] = total;\n}\n",
         1,
     )
+    # NVIDIA's helper_math.h (torchmcubes and many more vendor it) overloads CUDA's vector
+    # constructors and math functions: in the namespace, CUDA's own must stay visible
+    helper_math = good.text.replace(
+        "// kminer-label-body-begin\n",
+        "// kminer-label-body-begin\n"
+        "inline __host__ __device__ float2 make_float2(float s) { return make_float2(s, s); }\n"
+        "inline __host__ __device__ float2 fminf(float2 a, float2 b) {\n"
+        "  return make_float2(fminf(a.x, b.x), fminf(a.y, b.y));\n}\n"
+        "inline __host__ __device__ int2 min(int2 a, int2 b) {\n"
+        "  return make_int2(min(a.x, b.x), min(a.y, b.y));\n}\n"
+        "inline __device__ float2 floorf(float2 v) {\n"
+        "  return make_float2(floorf(v.x), floorf(v.y));\n}\n",
+        1,
+    )
     labels = [("good", good.text), ("functor", functor.text), ("broken", broken)]
+    labels += [("helper_math", helper_math)]
     results = build_batch([*labels, ("intrinsic", intrinsic), ("vector_op", vector_op)])
     assert results["good"].ok and results["functor"].ok, results
+    assert results["helper_math"].ok, results["helper_math"].detail
     assert results["intrinsic"].ok, results["intrinsic"].detail
     assert results["vector_op"].ok, results["vector_op"].detail
     assert not results["broken"].ok and "undefined_thing" in results["broken"].detail

@@ -97,13 +97,18 @@ def batch_source(
 
 
 # A repository may overload a CUDA intrinsic at global scope (pytorch_scatter: __shfl_up_sync
-# for at::Half; torchsparse: atomicCAS for int8_t, built on the int one). Inside the label's
-# namespace that overload would hide the global ones (the bfloat16 __shfl_up_sync, the
-# `atomicCAS(int *, int, int)` it calls), so the namespace brings them back with a
-# using-declaration.
+# for at::Half; torchsparse: atomicCAS for int8_t, built on the int one), or a vector
+# constructor or math function (NVIDIA's helper_math.h, vendored far and wide: `float2
+# make_float2(float s) { return make_float2(s, s); }`, `float2 fminf(float2, float2)`). Inside
+# the label's namespace that overload would hide the global ones (the bfloat16 __shfl_up_sync,
+# the `atomicCAS(int *, int, int)` it calls, CUDA's two-float make_float2), so the namespace
+# brings them back with a using-declaration. Only names CUDA's runtime headers declare.
 _INTRINSIC_OVERLOAD = re.compile(
     r"^[^=;/(]*__device__[^=;(]*[\s*&](__shfl\w*|__ldg\w*"
-    r"|atomic(?:Add|Sub|Exch|Min|Max|Inc|Dec|CAS|And|Or|Xor)(?:_block|_system)?)\s*\(",
+    r"|atomic(?:Add|Sub|Exch|Min|Max|Inc|Dec|CAS|And|Or|Xor)(?:_block|_system)?"
+    r"|make_(?:u?char|u?short|u?int|u?long|u?longlong|float|double)[1-4]"
+    r"|f?min|f?max|fminf|fmaxf|floorf?|ceilf?|truncf?|roundf?|fabsf?|sqrtf?|rsqrtf|fmodf?"
+    r"|expf?|logf?|powf?|sinf?|cosf?|tanhf?)\s*\(",
     re.MULTILINE,
 )
 _NAMESPACE_LINE = re.compile(r"^namespace (\w+) \{", re.MULTILINE)

@@ -781,10 +781,12 @@ def _run_script(path: str, tree: ast.Module, seconds: float = RECORD_BUDGET_S) -
         top = os.path.join(here, name.split(".")[0])  # now found beside it (`from gradcheck
         if isinstance(module, _StubModule) and (os.path.isdir(top) or os.path.isfile(top + ".py")):
             del sys.modules[name]  # import ...` in lietorch/run_tests.py)
-    with contextlib.suppress(Exception, SystemExit, _OutOfTime), _choices_as_argv():
+    with contextlib.suppress(SystemExit, _OutOfTime), _choices_as_argv():
         _cut_after(seconds)
         try:
             exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+        except Exception:  # (an import at its top: nothing after it runs)
+            _show_failure()
         finally:
             _cut_after(0)
 
@@ -904,6 +906,66 @@ def _record_torch_ops(finder: _Finder) -> None:
         return load_library(path)
 
     torch.ops.load_library = load_repository_library
+
+
+_SETUP_NAME = re.compile(r"\bname\s*=\s*[\"']([\w.-]+)[\"']")
+_SETUP_VERSION = re.compile(r"\bversion\s*=\s*[\"'](\d[\w.+-]*)[\"']")
+
+
+def _own_versions(repo: str) -> dict[str, str]:
+    """{distribution name: version} of what the repository's setup.py files install."""
+    versions = {}
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if "setup.py" not in files:
+            continue
+        try:
+            with open(os.path.join(root, "setup.py"), encoding="utf-8", errors="replace") as f:
+                text = f.read(MAX_SOURCE_BYTES)
+        except OSError:
+            continue
+        call = text[text.find("setup(") :] if "setup(" in text else ""
+        name, version = _SETUP_NAME.search(call), _SETUP_VERSION.search(call)
+        if name and version:
+            versions[_dist_key(name.group(1))] = version.group(1)
+    return versions
+
+
+def _dist_key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _answer_own_versions(repo: str) -> None:
+    """The installed version of the repository's own package, as its code asks for it
+    (InternImage's DCNv3 reads `pkg_resources.get_distribution('DCNv3').version` at import to
+    choose its extension's signature): what its setup.py says, as if it were installed. A
+    stub's version is no number, and the package did not import at all."""
+    import importlib.metadata as metadata
+
+    versions = _own_versions(repo)
+    if not versions:
+        return
+    real_version = metadata.version
+
+    def version(name):
+        own = versions.get(_dist_key(name))
+        return own if own is not None else real_version(name)
+
+    metadata.version = version
+    try:
+        import pkg_resources
+    except ImportError:  # (setuptools >= 81 has none): the rest of it stays a stub
+        pkg_resources = _StubModule("pkg_resources")
+        sys.modules["pkg_resources"] = pkg_resources
+    real_get = getattr(pkg_resources, "get_distribution", None)
+
+    def get_distribution(name):
+        own = versions.get(_dist_key(str(name)))
+        if own is None and real_get is not None:
+            return real_get(name)
+        return types.SimpleNamespace(project_name=str(name), key=_dist_key(str(name)), version=own)
+
+    pkg_resources.get_distribution = get_distribution
 
 
 def _stub_backends() -> None:
@@ -1138,6 +1200,7 @@ def main(argv: list[str]) -> int:
     _Raises.patch(pytest, log)
     _record_torch_ops(finder)
     _stub_backends()
+    _answer_own_versions(finder.repo)
     _tolerant_jit()
     _single_pass_gradcheck()
     pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
