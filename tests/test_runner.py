@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -434,8 +435,18 @@ def test_entry_fields(batch):
     assert mismatch["cases"][1]["ok"] is False and mismatch["cases"][1]["max_abs"] == 1.5
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
     assert entries["segv"]["detail"] == "run killed by SIGSEGV"
-    assert entries["hang"]["detail"] == "run timed out after 5s"
-    assert entries["hangbuild"]["detail"] == "build timed out after 8s"
+    # where it was, from the stacks pytest's faulthandler printed just before the limit
+    assert re.fullmatch(
+        r"run timed out after 5s \(in \w+ at hang\.py:\d+\)", entries["hang"]["detail"]
+    )
+    assert (
+        entries["hang"]["log_tail"].startswith("Timeout (")
+        and "hang.py" in entries["hang"]["log_tail"]
+    )
+    assert (
+        entries["hangbuild"]["detail"]
+        == "build timed out after 8s (in test_fake at hangbuild.py:87)"
+    )
     assert entries["nobuild"]["detail"] == "label.cu(3): error: expected a ';'"
     assert entries["importerr"]["detail"] == "ImportError: undefined symbol: _Z3foov"
     assert "illegal memory access" in entries["cudaerr"]["detail"]
@@ -646,6 +657,23 @@ def test_verdicts():
         "timeout",
         "run timed out after 3s",
     )
+    # the stacks faulthandler printed before the limit say where the test was: its own frame,
+    # and the innermost one when that lies elsewhere (a build lock waited on forever)
+    dump = (
+        "Timeout (0:02:42)!\nThread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3/threading.py", line 355 in wait\n'
+        "Thread 0x00007f00 (most recent call first):\n"
+        '  File "/x/torch/utils/file_baton.py", line 42 in wait\n'
+        '  File "/x/torch/utils/cpp_extension.py", line 2110 in _jit_compile\n'
+        '  File "/b/tests/0123abcd.py", line 886 in _label_unfused\n'
+        '  File "/b/tests/0123abcd.py", line 1200 in test_kernel\n'
+    )
+    assert runner.verdict("run", proc(rc=None, timed_out=True, log=dump), 180) == (
+        "timeout",
+        "run timed out after 180s (in _label_unfused at 0123abcd.py:886, inside wait at "
+        "file_baton.py:42)",
+    )
+    assert runner.log_tail("pytest noise\n" + dump).startswith("Timeout (0:02:42)!")
     assert runner.verdict("run", proc(rc=-9), 3) == ("crash", "run killed by SIGKILL")
     assert runner.verdict("build", proc(rc=-11), 3) == ("crash", "build killed by SIGSEGV")
     misaligned = "E   RuntimeError: CUDA error: misaligned address"

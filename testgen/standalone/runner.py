@@ -153,6 +153,8 @@ def run_test(
         env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
         argv = [sys.executable, "-m", "pytest", "-q", "-x", "--tb=short", "-p", "no:cacheprovider"]
         argv += ["-c", str(work / "pytest.ini"), "--rootdir", tmp, "--import-mode=importlib"]
+        # a test still running near its time limit prints every thread's stack (verdict: where)
+        argv += ["-o", f"faulthandler_timeout={max(1, int(timeout * 0.9))}"]
         argv.append(str(test))
         shared = [Path(env[k]) for k in ("KMINER_BUILD_DIR",) if env.get(k)] + list(writable)
         for folder in shared:  # the tests of one reference take turns in its build folder
@@ -207,7 +209,8 @@ def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
     """(outcome, one line for humans) of one phase: the timeout and the exit signal first, then
     a CUDA error anywhere in the output (run phase), then the report, then the exit status."""
     if p.timed_out:
-        return "timeout", f"{phase} timed out after {timeout:g}s"
+        where = hung_at(p.log)
+        return "timeout", f"{phase} timed out after {timeout:g}s" + (f" ({where})" if where else "")
     if p.over_memory:
         return "crash", f"{phase} went over the memory limit"
     if p.rc is not None and p.rc < 0:
@@ -284,10 +287,32 @@ ROUNDING_NOTE = "invalid: rounding"
 SLOW_NOTE = "invalid: left out for time"  # the reference ran past its time there
 
 
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
+
+
+def hung_at(log: str) -> str:
+    """Where a test that ran out of time was (pytest's faulthandler_timeout dump, taken just
+    before its limit): the innermost frame of the test file, and the innermost of all when that
+    lies elsewhere (a build's wait, a torch call). "" without a dump."""
+    dump = log.rfind("Timeout (")
+    if dump < 0:
+        return ""
+    for thread in re.split(r"\n(?=Thread 0x|Current thread)", log[dump:]):
+        frames = _FRAME.findall(thread)  # innermost first
+        mine = [f for f in frames if "/tests/" in f[0] or Path(f[0]).name.startswith("test")]
+        if mine:
+            path, line, func = mine[0]
+            where = f"in {func} at {Path(path).name}:{line}"
+            if frames[0] != mine[0]:
+                where += f", inside {frames[0][2]} at {Path(frames[0][0]).name}:{frames[0][1]}"
+            return where
+    return ""
+
+
 def log_tail(log: str) -> str:
     """The end of a test's log; for a process a signal ended, where faulthandler's dump
     begins instead: its first frames say where it died (a tail shows only pytest's own)."""
-    dump = max(log.rfind("Fatal Python error"), log.rfind("Current thread"))
+    dump = max(log.rfind("Fatal Python error"), log.rfind("Current thread"), log.rfind("Timeout ("))
     return log[dump : dump + LOG_TAIL] if dump >= 0 else log[-LOG_TAIL:]
 
 
