@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -129,16 +130,41 @@ def base_calls(
         if any(i < len(args) and args[i] is None for i in required):
             why.append("a recorded call passes None where the launcher takes a tensor")
             continue  # (made from a result the recording could not compute)
-        rows, args = embeddable(args, names)
-        if args is None:
+        rows, fitted = embeddable(args, names)
+        derived = f"the first {rows} rows of a recorded call too large to embed" if rows else ""
+        if fitted is None and (fitted := cropped(args)) is not None:
+            derived = "a corner of a recorded call too large to embed"
+        if fitted is None:
             why.append("a recorded call is too large to embed")
             continue
-        sig = _signature(args)
+        sig = _signature(fitted)
         if sig not in seen:
             seen.add(sig)
-            derived = f"the first {rows} rows of a recorded call too large to embed"
-            found.append(BaseCall(args, call.test_file, call=call, derived=derived if rows else ""))
+            found.append(BaseCall(fitted, call.test_file, call=call, derived=derived))
     return _diverse(found), why
+
+
+def cropped(args: list) -> list | None:
+    """A corner of a call too large to embed whose one tensor is a grid of data (an image, a
+    volume: a float tensor of two or more dimensions over 1; torchmcubes' 128^3 field): each
+    dimension halved, the largest first, until it fits. None where an integer argument equals
+    one of its sizes (a size the kernel is told as well, which a crop would contradict)."""
+    tensors = [i for i, a in enumerate(args) if hasattr(a, "shape")]
+    if len(tensors) != 1:
+        return None
+    grid = args[tensors[0]]
+    if not grid.is_floating_point() or sum(int(d) > 1 for d in grid.shape) < 2:
+        return None
+    sizes = {int(d) for d in grid.shape if d > 1}
+    if any(isinstance(a, int) and not isinstance(a, bool) and a in sizes for a in args):
+        return None
+    shape = [int(d) for d in grid.shape]
+    while math.prod(shape) > MAX_ELEMENTS:
+        k = max(range(len(shape)), key=lambda d: shape[d])
+        shape[k] = (shape[k] + 1) // 2
+    out = list(args)
+    out[tensors[0]] = grid[tuple(slice(0, n) for n in shape)].clone()
+    return out
 
 
 def embeddable(args: list, names: list[str] | None) -> tuple[int, list | None]:

@@ -163,10 +163,24 @@ def repo_example_files(repo: Path, tests: list[Path] | None = None) -> list[Path
         rel = p.relative_to(repo).parts
         folders = {d.lower() for d in rel[:-1]}
         ordinary = p.name != "__init__.py" and not p.name.startswith("setup") and p not in tests
-        named = EXAMPLE_DIRS & folders or EXAMPLE_NAME.match(p.name)
+        named = EXAMPLE_DIRS & folders or EXAMPLE_NAME.match(p.name) or _top_script(p, rel)
         if p.is_file() and ".git" not in rel and named and ordinary:
             found.add(p)
     return sorted(found, key=lambda p: (len(p.parts), p.as_posix()))
+
+
+_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:", re.MULTILINE)
+
+
+def _top_script(path: Path, rel: tuple) -> bool:
+    """A script at the repository's top level, run as a program (`if __name__ ==
+    "__main__":`): torchmcubes' mcubes.py, the one place that calls its op."""
+    if len(rel) != 1:
+        return False
+    try:
+        return bool(_MAIN_BLOCK.search(path.read_text(encoding="utf-8", errors="replace")))
+    except OSError:
+        return False
 
 
 def _cache_key(test_file: Path, built: dict[str, Path]) -> str:

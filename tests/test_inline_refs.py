@@ -167,6 +167,21 @@ def test_a_recorded_call_too_large_to_embed_comes_over_as_its_first_rows():
     assert embeddable([table], ["table"]) == (0, None)
 
 
+def test_a_grid_too_large_to_embed_comes_over_as_a_corner():
+    """torchmcubes' example runs marching cubes on a 128^3 field: no rows to cut, so a corner
+    of it (each dimension halved, the largest first, until it fits) is the call; not where an
+    integer argument is one of its sizes, which the kernel is told too."""
+    from testgen.cases import MAX_ELEMENTS, cropped
+
+    field = torch.rand(128, 128, 128)
+    (corner, thresh) = cropped([field, 15.0])
+    assert corner.numel() <= MAX_ELEMENTS and thresh == 15.0
+    assert corner.shape == (64, 128, 128) and torch.equal(corner, field[:64])
+    assert cropped([field, 128]) is None  # a size the kernel is also told
+    assert cropped([field, torch.zeros(3)]) is None  # more than one tensor
+    assert cropped([torch.rand(1, 2 * MAX_ELEMENTS)]) is None  # one row: no grid
+
+
 def test_a_mode_string_passed_through_the_repositorys_converter_is_its_enumerators_number():
     from testgen.carry import _mode_number
     from testgen.interp import Unmappable

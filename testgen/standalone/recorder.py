@@ -563,6 +563,9 @@ _LOADED = re.compile(
 )
 
 
+# a module its C++ names itself (a CMake or scikit-build project: torchmcubes'
+# `PYBIND11_MODULE(torchmcubes_module, m)`, built by `Python_add_library`, no setup.py)
+_PYBIND_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(\s*([A-Za-z_]\w*)\s*,")
 _OP_NAMESPACE = re.compile(
     r"\bTORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,"  # TORCH_LIBRARY(ns, m)
     r"|\.(?:op|def)\s*\(\s*\"(\w+)::\w+"  # RegisterOperators().op("ns::name" / m.def("ns::..."
@@ -574,7 +577,8 @@ MAX_SOURCE_BYTES = 2 << 20
 
 def _compiled_names(repo: str) -> tuple[set[str], set[str]]:
     """In one walk of the repository: the modules it compiles (`CUDAExtension("_ext", ...)` in
-    any setup.py, an `extension = CUDAExtension` alias, `cpp_extension.load(name=...)`), whose
+    any setup.py, an `extension = CUDAExtension` alias, `cpp_extension.load(name=...)`, a
+    literal `PYBIND11_MODULE(name, m)`), whose
     import is the extension, recorded, never a stub of a missing third-party package; and the
     namespaces its C++ registers operators in (`TORCH_LIBRARY(my_ops, m)`,
     `RegisterOperators().op("my_ops::f", ...)`), so `torch.ops.my_ops.f(...)` records whatever
@@ -598,6 +602,8 @@ def _compiled_names(repo: str) -> tuple[set[str], set[str]]:
                 extensions |= set(_EXTENSION.findall(text))
             if python and "cpp_extension" in text:
                 extensions |= set(_LOADED.findall(text))
+            if not python and "PYBIND11_MODULE" in text:
+                extensions |= set(_PYBIND_MODULE.findall(text)) - {"TORCH_EXTENSION_NAME"}
             if not python and ("TORCH_LIBRARY" in text or "RegisterOperators" in text):
                 namespaces |= {a or b for a, b in _OP_NAMESPACE.findall(text)}
     return extensions, namespaces - _TORCH_NAMESPACES
