@@ -958,8 +958,8 @@ def _answer_own_versions(repo: str) -> None:
         return own if own is not None else real_version(name)
 
     metadata.version = version
-    try:
-        import pkg_resources
+    try:  # (by name: a module the GPU box need not have)
+        pkg_resources = importlib.import_module("pkg_resources")
     except ImportError:  # (setuptools >= 81 has none): the rest of it stays a stub
         pkg_resources = _StubModule("pkg_resources")
         sys.modules["pkg_resources"] = pkg_resources
