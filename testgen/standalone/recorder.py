@@ -465,7 +465,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.roots = _package_roots(self.repo)  # package name → the folder it lies in
         self.packages = set(self.roots)
         # compiled modules its setup.py builds; namespaces its C++ registers operators in
-        self.extensions, self.namespaces = _compiled_names(self.repo)
+        self.extensions, self.namespaces, self.versions = _compiled_names(self.repo)
         self.extensions |= set(self.built)
 
     def find_spec(self, fullname, path, target=None):
@@ -575,16 +575,18 @@ _SOURCES = (".cpp", ".cc", ".cxx", ".cu", ".h", ".hpp", ".cuh")
 MAX_SOURCE_BYTES = 2 << 20
 
 
-def _compiled_names(repo: str) -> tuple[set[str], set[str]]:
+def _compiled_names(repo: str) -> tuple[set[str], set[str], dict[str, str]]:
     """In one walk of the repository: the modules it compiles (`CUDAExtension("_ext", ...)` in
     any setup.py, an `extension = CUDAExtension` alias, `cpp_extension.load(name=...)`, a
     literal `PYBIND11_MODULE(name, m)`), whose
     import is the extension, recorded, never a stub of a missing third-party package; and the
     namespaces its C++ registers operators in (`TORCH_LIBRARY(my_ops, m)`,
     `RegisterOperators().op("my_ops::f", ...)`), so `torch.ops.my_ops.f(...)` records whatever
-    its Python package is called."""
+    its Python package is called; and {distribution name: version} of what its setup.py files
+    install (_answer_own_versions)."""
     extensions: set[str] = set()
     namespaces: set[str] = set()
+    versions: dict[str, str] = {}
     for root, dirs, files in os.walk(repo):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
@@ -600,13 +602,14 @@ def _compiled_names(repo: str) -> tuple[set[str], set[str]]:
                 continue
             if name == "setup.py":
                 extensions |= set(_EXTENSION.findall(text))
+                versions.update(_setup_version(text))
             if python and "cpp_extension" in text:
                 extensions |= set(_LOADED.findall(text))
             if not python and "PYBIND11_MODULE" in text:
                 extensions |= set(_PYBIND_MODULE.findall(text)) - {"TORCH_EXTENSION_NAME"}
             if not python and ("TORCH_LIBRARY" in text or "RegisterOperators" in text):
                 namespaces |= {a or b for a, b in _OP_NAMESPACE.findall(text)}
-    return extensions, namespaces - _TORCH_NAMESPACES
+    return extensions, namespaces - _TORCH_NAMESPACES, versions
 
 
 def _disarm_assertions() -> None:
@@ -918,37 +921,24 @@ _SETUP_NAME = re.compile(r"\bname\s*=\s*[\"']([\w.-]+)[\"']")
 _SETUP_VERSION = re.compile(r"\bversion\s*=\s*[\"'](\d[\w.+-]*)[\"']")
 
 
-def _own_versions(repo: str) -> dict[str, str]:
-    """{distribution name: version} of what the repository's setup.py files install."""
-    versions = {}
-    for root, dirs, files in os.walk(repo):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if "setup.py" not in files:
-            continue
-        try:
-            with open(os.path.join(root, "setup.py"), encoding="utf-8", errors="replace") as f:
-                text = f.read(MAX_SOURCE_BYTES)
-        except OSError:
-            continue
-        call = text[text.find("setup(") :] if "setup(" in text else ""
-        name, version = _SETUP_NAME.search(call), _SETUP_VERSION.search(call)
-        if name and version:
-            versions[_dist_key(name.group(1))] = version.group(1)
-    return versions
+def _setup_version(text: str) -> dict[str, str]:
+    """{distribution name: version} that a setup.py's `setup(name=..., version=...)` installs."""
+    call = text[text.find("setup(") :] if "setup(" in text else ""
+    name, version = _SETUP_NAME.search(call), _SETUP_VERSION.search(call)
+    return {_dist_key(name.group(1)): version.group(1)} if name and version else {}
 
 
 def _dist_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _answer_own_versions(repo: str) -> None:
+def _answer_own_versions(versions: dict[str, str]) -> None:
     """The installed version of the repository's own package, as its code asks for it
     (InternImage's DCNv3 reads `pkg_resources.get_distribution('DCNv3').version` at import to
     choose its extension's signature): what its setup.py says, as if it were installed. A
     stub's version is no number, and the package did not import at all."""
     import importlib.metadata as metadata
 
-    versions = _own_versions(repo)
     if not versions:
         return
     real_version = metadata.version
@@ -1206,7 +1196,7 @@ def main(argv: list[str]) -> int:
     _Raises.patch(pytest, log)
     _record_torch_ops(finder)
     _stub_backends()
-    _answer_own_versions(finder.repo)
+    _answer_own_versions(finder.versions)
     _tolerant_jit()
     _single_pass_gradcheck()
     pretend = contextlib.nullcontext() if torch.cuda.is_available() else _fake_cuda(_stub_class)
