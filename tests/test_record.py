@@ -217,6 +217,30 @@ def test_a_test_past_its_share_is_cut_and_its_calls_kept():
     assert time.monotonic() - started < 5
 
 
+def test_a_cut_waits_for_the_import_it_comes_in(tmp_path, monkeypatch):
+    """A test file cut off while a package imports its submodules would leave that package
+    half made for every file recorded after it in the process (sympy without `printing`,
+    imported by torch on a first backward): the cut comes once the import is done."""
+    import importlib
+    import sys
+
+    from testgen.standalone import recorder
+
+    pkg = tmp_path / "slowrec_kminer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import first\nfrom . import second\n")
+    (pkg / "first.py").write_text("import time\ntime.sleep(0.6)\n")
+    (pkg / "second.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(recorder._OutOfTime):
+        recorder._cut_after(0.2)
+        importlib.import_module("slowrec_kminer")
+        while True:
+            pass
+    recorder._cut_after(0)
+    assert sys.modules["slowrec_kminer"].second.VALUE == 7
+
+
 def test_the_save_budget_is_shared_by_every_function(monkeypatch):
     """Many small forward calls must not crowd out an op's only large calls and its reference's
     calls: the budget is taken in rounds, the k-th smallest call of each function in turn."""

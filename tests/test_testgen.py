@@ -980,6 +980,37 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
     assert note == "" and any(torch.equal(g, torch.full((3,), 2.0)) for g in got)
 
 
+def test_the_reference_is_never_cut_off_in_an_import(refrepo, tmp_path, monkeypatch):
+    """torch's first backward imports sympy: an alarm raised between sympy's submodules left
+    the package without `sympy.printing`, and every later backward of the run failed with an
+    AttributeError (DCNv3's backward kernels on the H100). The alarm waits for the import."""
+    import importlib
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    pkg = tmp_path / "slowpkg_kminer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import first\nfrom . import second\n")
+    (pkg / "first.py").write_text("import time\ntime.sleep(1.6)\n")
+    (pkg / "second.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = _generated_test_module(refrepo, tmp_path)
+    module.REFERENCE_CASE_S = 1
+
+    def reference(x, out, flag):
+        out.copy_(x * importlib.import_module("slowpkg_kminer").second.VALUE)
+
+    started = time.monotonic()
+    got, note = module._reference(
+        SimpleNamespace(reference=reference), [torch.ones(3), torch.zeros(3), False]
+    )
+    assert note == ""  # run as it came, not retried in another dtype
+    assert time.monotonic() - started >= 1.5  # the alarm rang during the import, and waited
+    assert any(torch.equal(g, torch.full((3,), 7.0)) for g in got)
+    assert sys.modules["slowpkg_kminer"].second.VALUE == 7
+
+
 def test_the_reference_has_a_time_for_the_whole_run(refrepo, tmp_path):
     """Cases each under the per-case limit still add up past the run's time limit (a CPU
     reference comparing every pair of 64000 points): once the run's reference time is spent,

@@ -1058,12 +1058,44 @@ class _OutOfTime(BaseException):
     `except Exception` (or the recorder's go-on guards) cannot swallow it."""
 
 
+_RECORDED = [""]  # the real path of the file being recorded: its own import is cut as usual
+IMPORT_GRACE_S = 30.0  # a cut waits at most this long for an import to end
+_WAITED = [0.0]
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs in an import the recorded file asked for (its own body, which
+    pytest imports and which may run a whole check at its top level, is not one): a cut
+    raised there leaves a package half made for every test after it (sympy without
+    `sympy.printing`, imported by torch on a first backward). A cut waits IMPORT_GRACE_S at
+    most, in all."""
+    if _WAITED[0] >= IMPORT_GRACE_S:
+        return False
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib"):
+            return True
+        if code.co_name == "<module>" and os.path.realpath(code.co_filename) == _RECORDED[0]:
+            return False  # the recorded file's own body: what runs outside it is pytest's
+        frame = frame.f_back
+    return False
+
+
+def _wait_for_import() -> None:
+    _WAITED[0] += 0.2
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+
+
 def _cut_after(seconds: float) -> None:
-    """Interrupt the running test after `seconds` (0: never); its calls so far are kept."""
+    """Interrupt the running test after `seconds` (0: never); its calls so far are kept. A
+    cut that comes during an import waits for its end."""
     if not hasattr(signal, "setitimer"):
         return
 
     def cut(signum, frame):
+        if _importing(frame):
+            _wait_for_import()
+            return
         raise _OutOfTime(f"kminer: past its {seconds:.0f} s")
 
     signal.signal(signal.SIGALRM, cut if seconds else signal.SIG_DFL)
@@ -1095,6 +1127,9 @@ def _shared(fn):
         mine = _CallOutOfTime()
 
         def cut(signum, frame):
+            if _importing(frame):
+                _wait_for_import()
+                return
             raise mine
 
         before = signal.signal(signal.SIGALRM, cut)
@@ -1119,6 +1154,7 @@ def _shared(fn):
 
 def main(argv: list[str]) -> int:
     repo, test_file, out = (os.path.abspath(a) for a in argv[:3])
+    _RECORDED[0] = os.path.realpath(test_file)
     built = {}
     if len(argv) > 3:  # {import name: path} of the extensions kminer built for the CPU
         with open(argv[3], encoding="utf-8") as f:
