@@ -75,8 +75,8 @@ def run_py(bundle: Path, *args: str, timeout: float = 300):
 
 
 def fake_log(bundle: Path) -> list[list[str]]:
-    """[step, impl name, impl hash, build dir, pid, ns] per line the fake tests wrote in the
-    bundle's build folders (the one place a test may write), oldest first."""
+    """[step, impl name, impl hash, build dir, pid, ns, OpenMP threads] per line the fake tests
+    wrote in the bundle's build folders (the one place a test may write), oldest first."""
     lines = [
         ln.split()
         for path in sorted(bundle.glob(".build/**/fake.log"))
@@ -237,6 +237,21 @@ def batch(tmp_path_factory):
     proc = run_py(bundle, *args, "--build-timeout", "8", "--run-timeout", "5")
     results = json.loads((bundle / "results.json").read_text())
     return bundle, results, fake_log(bundle), proc
+
+
+def test_each_test_gets_its_share_of_the_cores_for_its_cpu_work(batch, tmp_path, monkeypatch):
+    """Four tests side by side at 16 OpenMP threads each, beside 16 builds, left DCNv3's
+    PyTorch reference unfinished at 180 s on the H100 box: each test's OpenMP threads are the
+    bundle's build slots shared among its GPU runs (--jobs 3, --gpu-jobs 2: one), unless the
+    user set OMP_NUM_THREADS."""
+    import argparse
+
+    log = batch[2]
+    assert {line[6] for line in log if line[0] == "run"} == {"1"}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    args = argparse.Namespace(jobs=16, gpu_jobs=4)
+    assert runner.Runner(tmp_path, args, [None]).cpu_threads == 4
+    assert runner.Runner(tmp_path, argparse.Namespace(jobs=2, gpu_jobs=8), [None]).cpu_threads == 1
 
 
 def test_batch_completes_with_every_outcome(batch):

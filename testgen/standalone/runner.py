@@ -378,6 +378,7 @@ class Runner:
         for i in range(args.gpu_jobs):
             self.gpus.put(devices[i % len(devices)])
         self.devices = devices
+        self.cpu_threads = max(1, args.jobs // args.gpu_jobs)  # a test's share of the cores
         self.env_key = f"{sys.version}|{toolchain.torch_version()}"
         self.prebuilt: Path | None = None  # where prebuild() left its module files, when it ran
         self.prebuilt_state: dict[str, str] = {}  # source digest -> built | cached | alone
@@ -441,6 +442,10 @@ class Runner:
         env["KMINER_JUDGED"] = json.dumps(list(judged or []))
         env["KMINER_BUILD_DIR"] = str(build_dir)
         env["KMINER_ISOLATE"] = "1" if isolate else "0"
+        # the test's CPU work (its reference) gets its share of this bundle's cores: on the
+        # H100 box four tests at 16 OpenMP threads each, beside 16 builds, left DCNv3's
+        # PyTorch reference (a product and a sum of 2 x 8 x 8 x 64 floats) unfinished at 180 s
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(self.cpu_threads)
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
         env["KMINER_REF_CACHE"] = str(cache)
