@@ -451,9 +451,13 @@ def test_entry_fields(batch):
     assert mismatch["kill_rate"] is None and mismatch["variants"] == []  # label failed: no variants
     assert entries["segv"]["detail"] == "run killed by SIGSEGV"
     # where it was, from the stacks pytest's faulthandler printed just before the limit
+    # and what it had judged by then, which the test wrote as it went
     assert re.fullmatch(
-        r"run timed out after 5s \(in \w+ at hang\.py:\d+\)", entries["hang"]["detail"]
+        r"run timed out after 5s \(in \w+ at hang\.py:\d+\); 2 cases judged before it: "
+        r"1 differ, 0 left out",
+        entries["hang"]["detail"],
     )
+    assert [c["ok"] for c in entries["hang"]["cases"]] == [True, False]
     assert (
         entries["hang"]["log_tail"].startswith("Timeout (")
         and "hang.py" in entries["hang"]["log_tail"]

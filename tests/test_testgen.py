@@ -1011,6 +1011,39 @@ def test_the_reference_is_never_cut_off_in_an_import(refrepo, tmp_path, monkeypa
     assert sys.modules["slowpkg_kminer"].second.VALUE == 7
 
 
+def test_a_test_writes_what_it_judged_as_it_goes(refrepo, tmp_path, monkeypatch):
+    """A test cut off at its time limit (DCNv3's forward on the H100, in the reference at
+    180 s) left no report, so nothing said which cases it had judged, or whether they
+    differed: each case's result is in the report as soon as it is judged (`cases_so_far`);
+    a run that ends has its `cases`."""
+    import json
+    from types import SimpleNamespace
+
+    module = _generated_test_module(refrepo, tmp_path)
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("KMINER_REPORT", str(report))
+    module.DEVICE, module.PHASE, module.ISOLATE = "cpu", "run", False
+    module.CASES = [_case("c0", False), _case("c1", False)]
+    module._base_calls = lambda: [[torch.ones(3), torch.zeros(3), False]]
+    seen = []
+
+    def reference(x, out, flag):
+        seen.append(json.loads(report.read_text()) if report.exists() else {})
+        out.copy_(x * 2)
+
+    label = SimpleNamespace(**{module.FUNCTION: lambda x, out, flag: [out.copy_(x * 2), None][1]})
+    module._load = lambda kind, path: (
+        label if kind == "label" else SimpleNamespace(reference=reference)
+    )
+    test = next(getattr(module, n) for n in dir(module) if n.startswith("test_"))
+    test()
+    assert "cases_so_far" not in seen[0]  # the first case: nothing judged yet
+    assert [c["id"] for c in seen[-1]["cases_so_far"]] == ["c0"]  # the second: the first's
+    assert seen[-1]["cases_so_far"][0]["ok"] is True
+    final = json.loads(report.read_text())
+    assert "cases_so_far" not in final and [c["id"] for c in final["cases"]] == ["c0", "c1"]
+
+
 def test_the_reference_has_a_time_for_the_whole_run(refrepo, tmp_path):
     """Cases each under the per-case limit still add up past the run's time limit (a CPU
     reference comparing every pair of 64000 points): once the run's reference time is spent,

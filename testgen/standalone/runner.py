@@ -205,6 +205,16 @@ def _lock_files(lock: Path) -> list[Path]:
     return files
 
 
+def _judged_before(cases) -> str:
+    """What a test cut off at its time limit had judged, for its one-line detail."""
+    if not isinstance(cases, list) or not cases:
+        return "; no case judged before it"
+    seen = [c for c in cases if isinstance(c, dict)]
+    bad = sum(c.get("ok") is False for c in seen)
+    left = sum(c.get("ok") is None for c in seen)
+    return f"; {len(seen)} cases judged before it: {bad} differ, {left} left out"
+
+
 def verdict(phase: str, p: Proc, timeout: float) -> tuple[str, str]:
     """(outcome, one line for humans) of one phase: the timeout and the exit signal first, then
     a CUDA error anywhere in the output (run phase), then the report, then the exit status."""
@@ -609,6 +619,9 @@ class Runner:
             res.update(log_tail=log_tail(label.log))
             if label.phase == "run":
                 cases = label.report.get("cases")
+                if label.outcome == "timeout" and not cases:
+                    cases = label.report.get("cases_so_far")  # judged before the time ran out
+                    res["detail"] += _judged_before(cases)
                 res["cases"] = cases if isinstance(cases, list) else []
                 res["kernel_time_us"] = label.report.get("kernel_time_us")
             res["_env"] = {k: label.report.get(k) for k in ("gpu", "torch", "cuda")}
