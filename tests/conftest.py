@@ -169,6 +169,19 @@ def postgres_url():
     shutil.rmtree(base, ignore_errors=True)
 
 
+def slow_package(root: Path, name: str, seconds: float) -> Path:
+    """A package `name` under `root` whose first submodule takes `seconds` to import and whose
+    second holds VALUE = 7 (a package cut off between them is left half made)."""
+    return write_tree(
+        root / name,
+        {
+            "__init__.py": "from . import first\nfrom . import second\n",
+            "first.py": f"import time\ntime.sleep({seconds})\n",
+            "second.py": "VALUE = 7\n",
+        },
+    )
+
+
 def write_tree(path: Path, files: dict[str, str | bytes]) -> Path:
     """`files` (relative path: content) written under `path`."""
     path.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_tree
+from conftest import slow_package, write_tree
 
 from miner import sandbox
 from testgen.inputs import RecordedCall, record_file, record_repo_calls, repo_test_files
@@ -226,11 +226,7 @@ def test_a_cut_waits_for_the_import_it_comes_in(tmp_path, monkeypatch):
 
     from testgen.standalone import recorder
 
-    pkg = tmp_path / "slowrec_kminer"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("from . import first\nfrom . import second\n")
-    (pkg / "first.py").write_text("import time\ntime.sleep(0.6)\n")
-    (pkg / "second.py").write_text("VALUE = 7\n")
+    slow_package(tmp_path, "slowrec_kminer", 0.6)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(recorder._OutOfTime):
         recorder._cut_after(0.2)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import slow_package
 from test_reference import candidate, kernel
 
 from miner.candidate import Reason, StageName, StageResult, Status
@@ -983,17 +984,13 @@ def test_a_case_whose_reference_runs_too_long_is_left_out(refrepo, tmp_path):
 def test_the_reference_is_never_cut_off_in_an_import(refrepo, tmp_path, monkeypatch):
     """torch's first backward imports sympy: an alarm raised between sympy's submodules left
     the package without `sympy.printing`, and every later backward of the run failed with an
-    AttributeError (DCNv3's backward kernels on the H100). The alarm waits for the import."""
+    AttributeError (DCNv3's backward kernels on the H200). The alarm waits for the import."""
     import importlib
     import sys
     import time
     from types import SimpleNamespace
 
-    pkg = tmp_path / "slowpkg_kminer"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("from . import first\nfrom . import second\n")
-    (pkg / "first.py").write_text("import time\ntime.sleep(1.6)\n")
-    (pkg / "second.py").write_text("VALUE = 7\n")
+    slow_package(tmp_path, "slowpkg_kminer", 1.6)
     monkeypatch.syspath_prepend(str(tmp_path))
     module = _generated_test_module(refrepo, tmp_path)
     module.REFERENCE_CASE_S = 1

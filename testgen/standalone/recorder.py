@@ -1063,27 +1063,24 @@ IMPORT_GRACE_S = 30.0  # a cut waits at most this long for an import to end
 _WAITED = [0.0]
 
 
-def _importing(frame) -> bool:
-    """Whether `frame` runs in an import the recorded file asked for (its own body, which
-    pytest imports and which may run a whole check at its top level, is not one): a cut
-    raised there leaves a package half made for every test after it (sympy without
-    `sympy.printing`, imported by torch on a first backward). A cut waits IMPORT_GRACE_S at
-    most, in all."""
+def _waits_for_import(frame) -> bool:
+    """Whether a cut that rang at `frame` waits (rings again in 0.2 s): it came in an import
+    the recorded file asked for (not its own body, which pytest imports and which may run a
+    whole check at its top level). A cut raised in an import leaves that package half made
+    for every test after it (sympy without `sympy.printing`, imported by torch on a first
+    backward). Cuts wait IMPORT_GRACE_S at most, in all."""
     if _WAITED[0] >= IMPORT_GRACE_S:
         return False
     while frame is not None:
         code = frame.f_code
         if code.co_filename.startswith("<frozen importlib"):
+            _WAITED[0] += 0.2
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
             return True
         if code.co_name == "<module>" and os.path.realpath(code.co_filename) == _RECORDED[0]:
             return False  # the recorded file's own body: what runs outside it is pytest's
         frame = frame.f_back
     return False
-
-
-def _wait_for_import() -> None:
-    _WAITED[0] += 0.2
-    signal.setitimer(signal.ITIMER_REAL, 0.2)
 
 
 def _cut_after(seconds: float) -> None:
@@ -1093,10 +1090,8 @@ def _cut_after(seconds: float) -> None:
         return
 
     def cut(signum, frame):
-        if _importing(frame):
-            _wait_for_import()
-            return
-        raise _OutOfTime(f"kminer: past its {seconds:.0f} s")
+        if not _waits_for_import(frame):
+            raise _OutOfTime(f"kminer: past its {seconds:.0f} s")
 
     signal.signal(signal.SIGALRM, cut if seconds else signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -1127,10 +1122,8 @@ def _shared(fn):
         mine = _CallOutOfTime()
 
         def cut(signum, frame):
-            if _importing(frame):
-                _wait_for_import()
-                return
-            raise mine
+            if not _waits_for_import(frame):
+                raise mine
 
         before = signal.signal(signal.SIGALRM, cut)
         start = time.monotonic()

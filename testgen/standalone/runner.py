@@ -452,9 +452,9 @@ class Runner:
         env["KMINER_JUDGED"] = json.dumps(list(judged or []))
         env["KMINER_BUILD_DIR"] = str(build_dir)
         env["KMINER_ISOLATE"] = "1" if isolate else "0"
-        # the test's CPU work (its reference) gets its share of this bundle's cores: on the
-        # H100 box four tests at 16 OpenMP threads each, beside 16 builds, left DCNv3's
-        # PyTorch reference (a product and a sum of 2 x 8 x 8 x 64 floats) unfinished at 180 s
+        # the test's CPU work (its reference) gets its share of this bundle's cores, not all
+        # of them: four tests at 16 OpenMP threads each beside 16 builds loaded the H100 box's
+        # 16 cores 38-fold
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(self.cpu_threads)
         cache = self.bundle / ".refcache" / _digest(test, extra=_digest(ref))
         cache.mkdir(parents=True, exist_ok=True)
