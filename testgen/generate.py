@@ -53,6 +53,7 @@ from testgen.selectors import kernel_selectors
 from testgen.shape_selectors import shape_selectors
 from testgen.sibling_calls import sibling_calls
 from testgen.standalone import REFCHECK
+from testgen.standalone.record_log import MAX_ELEMENTS as RECORDED_ELEMENTS
 from testgen.testcode import order_free_reason, render_test
 from testgen.tile_sizes import tile_sizes
 from testgen.variants import VariantKind, derive_variants
@@ -96,6 +97,19 @@ def _skip(cand: Candidate, reason: Reason, detail: str, **metrics) -> None:
     cand.set_stage(
         StageName.TESTGEN,
         StageResult(status=Status.SKIPPED, reason=reason, detail=detail[:300], metrics=metrics),
+    )
+
+
+def _too_big(recorded, names: list[str], calls: list) -> str:
+    """Why the tests' calls of the op are missing when the recorder dropped them for their
+    size (a test at production size: Swin's window ops take 192 x 56 x 56 x 96), first in a
+    detail that the rest would otherwise cut off; "" when it kept some or dropped none."""
+    largest = max((recorded.too_big.get(n, 0) for n in names), default=0)
+    if calls or not largest:
+        return ""
+    return (
+        f"the repository's tests call it only with tensors too large to record "
+        f"({largest / 1e6:.1f} M elements; at most {RECORDED_ELEMENTS / 1e6:.1f} M); "
     )
 
 
@@ -290,6 +304,7 @@ def generate_for(
             found, calls = mined
     if isinstance(found, str) and llm is None:  # no reference to come: no cases needed
         cand.reference = Reference()
+        found = _too_big(recorded, names, calls) + found
         _skip(cand, Reason.NO_REFERENCE, found, reference_kind="", llm_tried=False)
         return
     source, made_by, inputs_tried = "mined", "", False
@@ -314,7 +329,9 @@ def generate_for(
         inputs_tried = llm is not None
         base, source, made_by = _made_calls(cand, label_text, sig, found, llm, workdir)
         if not base:
-            never = f"the repository's tests never call {python_fn or 'its op'}"
+            never = _too_big(recorded, names, calls) or (
+                f"the repository's tests never call {python_fn or 'its op'}"
+            )
             why, made_by = [made_by, *(why or [never])], ""  # the last tried first: the
             # recorded calls' reasons would fill the 300 characters before it
     tried = llm is not None and isinstance(found, str) and bool(base)

@@ -84,6 +84,9 @@ class Recorded(dict):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.refs: list[RefCall] = []
+        # per function its tests called, the most elements of a tensor of a call the recorder
+        # did not keep for its size (MAX_ELEMENTS)
+        self.too_big: dict[str, int] = {}
 
     def for_source(self, source: str, kernel_files: list[str], shared: set[str]) -> Recorded:
         """The calls a candidate of `source` may take: of a binding name that kernels of
@@ -103,7 +106,7 @@ class Recorded(dict):
                 for name, calls in self.items()
             }
         )
-        view.refs = self.refs
+        view.refs, view.too_big = self.refs, self.too_big
         return view
 
 
@@ -215,8 +218,9 @@ def _listed(rest: list) -> list:
 
 def record_file(
     repo: Path, test_file: Path, cache_dir: Path, built: dict[str, Path] | None = None
-) -> tuple[list[RecordedCall], list[RefCall]]:
-    """The extension calls one test file makes, and its calls of possible references (cached).
+) -> tuple[list[RecordedCall], list[RefCall], dict[str, int]]:
+    """The extension calls one test file makes, its calls of possible references, and the
+    most elements of a call's tensor per function whose calls were too large to keep (cached).
     With `built` (the extensions `cpu_twin` built), the calls run on the CPU behind the log; a
     recording that crashes with them is made again without them. A file whose calls cannot be
     read back (a crash, a timeout, a value `weights_only` refuses) gives none, and is tried
@@ -232,7 +236,7 @@ def record_file(
         if data is None and built:
             data = _run_recorder(repo, test_file, {})
         if data is None:
-            return [], []
+            return [], [], {}
         out.write_bytes(data)
     rel = test_file.relative_to(repo).as_posix()
     try:
@@ -242,10 +246,10 @@ def record_file(
             RefCall(name, file, list(a), dict(k), list(res), [calls[i] for i in ps], rel, *arrays)
             for file, name, a, k, res, ps, *arrays in raw["refs"]
         ]
-        return calls, refs
+        return calls, refs, {str(k): int(v) for k, v in raw.get("too_big", {}).items()}
     except Exception as exc:  # the file's own data: its calls are lost, not the stage
         log.warning("recording %s: calls unreadable (%s: %s)", rel, type(exc).__name__, exc)
-        return [], []
+        return [], [], {}
 
 
 def _recorded_call(entry: tuple, rel: str, steps: list) -> RecordedCall:
@@ -278,10 +282,12 @@ def record_repo_calls(
     for path in tests:
         if wanted is not None and not _mentioned(path, mentions, words):
             continue
-        found, refs = record_file(repo, path, cache_dir, built)
+        found, refs, too_big = record_file(repo, path, cache_dir, built)
         for call in found:
             calls.setdefault(call.function, []).append(call)
         calls.refs.extend(refs)
+        for name, numel in too_big.items():
+            calls.too_big[name] = max(calls.too_big.get(name, 0), numel)
     # the examples speak for the ops no test calls (every op when the names are unknown and
     # the tests called nothing)
     missing = wanted - set(calls) if wanted is not None else None
@@ -293,7 +299,7 @@ def record_repo_calls(
         scripts = [p for p in scripts if _mentioned(p, mentions, words)]
     tested = set(calls)
     for path in scripts[:MAX_EXAMPLES]:
-        found, _ = record_file(repo, path, cache_dir, built)  # their own checks: none
+        found, _, _ = record_file(repo, path, cache_dir, built)  # their own checks: none
         for call in found:
             if call.function not in tested and (missing is None or call.function in missing):
                 calls.setdefault(call.function, []).append(call)

@@ -54,10 +54,10 @@ def test_a_recording_that_crashed_is_not_cached(tmp_path):
     test_file = repo / "tests" / "test_dies.py"
     test_file.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     cache = tmp_path / "cache"
-    assert record_file(repo, test_file, cache) == ([], [])
+    assert record_file(repo, test_file, cache) == ([], [], {})
     assert list(cache.iterdir()) == []  # nothing remembered: the next run records it again
     test_file.write_text("def test_nothing():\n    pass\n")
-    assert record_file(repo, test_file, cache) == ([], [])
+    assert record_file(repo, test_file, cache) == ([], [], {})
     assert [p.suffix for p in cache.iterdir()] == [".pt"]  # a file with no calls is cached
 
 
@@ -441,3 +441,30 @@ def test_an_object_an_op_takes_is_recorded_as_the_steps_that_made_it(tmp_path):
     assert made.setup[0][1][0].tolist() == [4]
     # a function the CPU build lacks is recorded, returns None, and the test goes on
     assert [c.args[0].tolist() for c in calls["only_on_cuda"]] == [[1.0]]
+
+
+def test_a_call_too_large_to_record_is_counted_and_named_in_the_reason(tmp_path):
+    """A test at production size (Swin's window ops on 192 x 56 x 56 x 96) makes calls the
+    recorder does not keep; the op then has no calls, and its reason must say why instead of
+    claiming that nothing calls it."""
+    from testgen.generate import _too_big
+    from testgen.standalone.record_log import MAX_ELEMENTS
+
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURE, repo)
+    big = MAX_ELEMENTS + 6
+    (repo / "tests" / "test_big.py").write_text(
+        "import torch\nfrom toyops.ops import scale\n\n\n"
+        f"def test_big():\n    scale(torch.ones({big}), 3.0)\n    scale(torch.ones(4), 5.0)\n"
+    )
+    calls = record_repo_calls(repo, tmp_path / "cache")
+    assert calls.too_big == {"scale_forward": big}
+    kept = [c.kwargs.get("factor") for c in calls["scale_forward"]]
+    assert 5.0 in kept and 3.0 not in kept  # the small call of the same test is kept
+    view = calls.for_source("toyops/scale.cu", ["toyops/scale.cu"], set())
+    assert view.too_big == calls.too_big
+    why = _too_big(calls, ["scale_forward"], [])
+    assert why.startswith("the repository's tests call it only with tensors too large to record")
+    assert f"{big / 1e6:.1f} M elements" in why
+    assert _too_big(calls, ["scale_forward"], calls["scale_forward"]) == ""  # some were kept
+    assert _too_big(calls, ["count_positive"], []) == ""

@@ -45,6 +45,9 @@ class _Log:
         self._op_calls: dict = {}  # per expected value, the calls of the op it is compared with
         self._dispatching = False  # inside a dispatcher run on both devices
         self.objects = _Objects(_snapshot, _TOO_BIG)  # the bound classes' objects, and steps
+        # per function, the most elements of a tensor of a call not kept for its size: why an
+        # op its tests do call has no calls (Swin's window ops, at 192 x 56 x 56 x 96)
+        self.too_big: dict[str, int] = {}
 
     def add(
         self, function: str, args: tuple, kwargs: dict, step: int | None = None, module: str = ""
@@ -68,6 +71,8 @@ class _Log:
             if setup is None:  # an object it takes cannot be remade: the call cannot be either
                 return None
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
+            largest = max(_numel(v) for v in [*args, *kwargs.values()])
+            self.too_big[function] = max(self.too_big.get(function, 0), largest)
             return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
         key = (module, function, tuple(map(_fingerprint, snap)), named_keys)
@@ -275,6 +280,11 @@ def _snapshot(value):
     if isinstance(value, (list, tuple)) and any(is_marker(v) for v in value):
         return [_snapshot(v) for v in value]  # a list holding objects
     return repr(value)
+
+
+def _numel(value) -> int:
+    numel = getattr(value, "numel", None)
+    return numel() if callable(numel) else 0
 
 
 def _is_numpy(value) -> bool:

@@ -1261,7 +1261,7 @@ def main(argv: list[str]) -> int:
         log.begin()
     calls, refs = _within_budget(log.calls, [r for r in log.refs if r is not None])
     steps, calls = kept_steps(log.objects.steps, calls)
-    torch.save({"calls": calls, "refs": refs, "steps": steps}, out)
+    torch.save({"calls": calls, "refs": refs, "steps": steps, "too_big": log.too_big}, out)
     print(f"kminer-record: {len(calls)} calls, {len(refs)} reference calls")
     return 0
 
