@@ -23,7 +23,7 @@ from testgen.index_rows import index_subsets
 from testgen.inputs import RecordedCall
 from testgen.interp import Unmappable
 from testgen.rank_variants import MAX_RANK_BASES, rank_variants
-from testgen.resize import conv_resize, more_rows, row_evidence, row_subsets
+from testgen.resize import COUNT_NAME, conv_resize, more_rows, row_evidence, row_subsets
 from testgen.segments import more_segments, segment_subsets
 from testgen.sentinels import filled_calls, zero_positions
 from testgen.shape_selectors import resized
@@ -122,6 +122,10 @@ def base_calls(
     exposed = (cand.wrapper.functions or [cand.wrapper.launcher])[0]
     names = refs.params_of(exposed)
     for call in calls:
+        not_count = _cut_not_a_count(call, refs)
+        if not_count:
+            why.append(not_count)
+            continue
         try:
             args = carry_down(call, cand, refs)
         except Unmappable as e:
@@ -132,6 +136,9 @@ def base_calls(
             continue  # (made from a result the recording could not compute)
         rows, fitted = embeddable(args, names)
         derived = f"the first {rows} rows of a recorded call too large to embed" if rows else ""
+        if call.rows_cut:
+            n, r = call.rows_cut[:2]
+            derived = f"the first {rows or r} of {n} rows of a test's call too large to record"
         if fitted is None and (fitted := cropped(args)) is not None:
             derived = "a corner of a recorded call too large to embed"
         if fitted is None:
@@ -142,6 +149,27 @@ def base_calls(
             seen.add(sig)
             found.append(BaseCall(fitted, call.test_file, call=call, derived=derived))
     return _diverse(found), why
+
+
+def _cut_not_a_count(call: RecordedCall, refs) -> str:
+    """Why a call the recorder kept as its first rows cannot stand for the test's call: an
+    integer argument it set from the row count to the rows kept is not named as a count (it
+    may be a size of something else that happened to equal it); "" when it can."""
+    if not call.rows_cut:
+        return ""
+    n, r, where = call.rows_cut
+    try:
+        params, _ = bind_call(call, refs)
+    except Unmappable as e:
+        return str(e)
+    names = [params[k] if isinstance(k, int) and k < len(params) else str(k) for k in where]
+    wrong = [name for name in names if not COUNT_NAME.match(name)]
+    if wrong:
+        return (
+            f"a test's call too large to record has {n} rows, as its `{wrong[0]}`, which is not "
+            f"named as a count: its first {r} rows cannot stand for it"
+        )
+    return ""
 
 
 def cropped(args: list) -> list | None:

@@ -49,6 +49,9 @@ class RecordedCall:
     # host code may refuse it, which makes an invalid case, never a failure
     made: bool = False
     module: str = ""  # the extension module it went to, as the test imported it
+    # [N, R, where]: the test's call had N rows, too many to keep, and this is its first R
+    # (testgen.standalone.record_rows); the integer arguments at `where` were N and are R
+    rows_cut: list = field(default_factory=list)
 
     def bind(self, params: list[str]) -> dict | None:
         """Arguments by parameter name, or None when the call does not fit `params`."""
@@ -266,6 +269,7 @@ def _recorded_call(entry: tuple, rel: str, steps: list) -> RecordedCall:
     setup = [steps[i] for i in rest[2]] if len(rest) > 2 else []
     call.setup = [(name, list(args), dict(kwargs)) for name, args, kwargs in setup]
     call.module = str(rest[3]) if len(rest) > 3 else ""
+    call.rows_cut = list(rest[4]) if len(rest) > 4 else []
     return call
 
 

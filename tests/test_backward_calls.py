@@ -158,9 +158,10 @@ def test_the_recorder_keeps_what_a_call_wrote_into_its_arguments():
     out.resize_as_(x).copy_(x * 2.0)  # what the CPU build does
     log.written(index, (x, out, 2.0))
     log.returned(index, (out, torch.zeros(4, dtype=torch.int32), 2.0))
-    function, before, _, after, returned, setup, module = log.calls[index]
+    function, before, _, after, returned, setup, module, rows_cut = log.calls[index]
     assert function == "f_updateOutput" and before[1].shape == (0,) and setup == []  # no objects
     assert module == ""  # (the recorder names the extension module it went to)
+    assert rows_cut == []  # the whole call (record_rows)
     assert list(after) == [1] and torch.equal(after[1], x * 2.0)
     assert returned == [[[3, 2], "float32"], [[4], "int32"]]  # what it returned: shapes only
     assert log.add("f_updateOutput", (x, torch.empty(0), 2.0), {}) is None  # a repeat

@@ -452,10 +452,13 @@ def test_a_call_too_large_to_record_is_counted_and_named_in_the_reason(tmp_path)
 
     repo = tmp_path / "repo"
     shutil.copytree(FIXTURE, repo)
-    big = MAX_ELEMENTS + 6
+    side = 2100  # a square: its rows cannot be cut either (record_rows)
+    big = side * side
+    assert big > MAX_ELEMENTS
     (repo / "tests" / "test_big.py").write_text(
         "import torch\nfrom toyops.ops import scale\n\n\n"
-        f"def test_big():\n    scale(torch.ones({big}), 3.0)\n    scale(torch.ones(4), 5.0)\n"
+        f"def test_big():\n    scale(torch.ones({side}, {side}), 3.0)\n"
+        "    scale(torch.ones(4), 5.0)\n"
     )
     calls = record_repo_calls(repo, tmp_path / "cache")
     assert calls.too_big == {"scale_forward": big}

@@ -18,6 +18,7 @@ RECORDER = HERE / "recorder.py"  # a repository's test file, its extension calls
 RECORDER_PARTS = (  # its sibling modules
     HERE / "record_log.py",
     HERE / "record_objects.py",
+    HERE / "record_rows.py",
     HERE / "pretend_cuda.py",
     HERE / "inline_refs.py",
 )

@@ -14,9 +14,11 @@ import hashlib
 try:
     from testgen.standalone.pretend_cuda import _TAG, _elsewhere
     from testgen.standalone.record_objects import _Objects, is_marker
+    from testgen.standalone.record_rows import cut_call
 except ImportError:
     from pretend_cuda import _TAG, _elsewhere
     from record_objects import _Objects, is_marker
+    from record_rows import cut_call
 
 MAX_CALLS_PER_FUNCTION = 64
 MAX_SHAPED_CALLS_PER_FUNCTION = 256  # past the first 64, a call is kept for its new shapes
@@ -48,6 +50,7 @@ class _Log:
         # per function, the most elements of a tensor of a call not kept for its size: why an
         # op its tests do call has no calls (Swin's window ops, at 192 x 56 x 56 x 96)
         self.too_big: dict[str, int] = {}
+        self._cut: set[int] = set()  # calls kept as their first rows (record_rows)
 
     def add(
         self, function: str, args: tuple, kwargs: dict, step: int | None = None, module: str = ""
@@ -70,10 +73,18 @@ class _Log:
             setup = self.objects.setup([*snap, *named.values()], step)
             if setup is None:  # an object it takes cannot be remade: the call cannot be either
                 return None
+        rows_cut: list = []
         if any(x is _TOO_BIG for x in [*snap, *named.values()]):
             largest = max(_numel(v) for v in [*args, *kwargs.values()])
             self.too_big[function] = max(self.too_big.get(function, 0), largest)
-            return None
+            small = cut_call(args, kwargs, MAX_ELEMENTS) if step is None else None
+            if small is None:
+                return None
+            args, kwargs, rows_cut = small
+            snap = [_snapshot(a) for a in args]
+            named = {k: _snapshot(v) for k, v in kwargs.items()}
+            if any(x is _TOO_BIG for x in [*snap, *named.values()]):
+                return None
         named_keys = tuple((k, _fingerprint(v)) for k, v in sorted(named.items()))
         key = (module, function, tuple(map(_fingerprint, snap)), named_keys)
         with contextlib.suppress(TypeError):  # unhashable: kept
@@ -84,7 +95,9 @@ class _Log:
         self._shapes.add(shapes)
         self._count[function] = count + 1
         self._test[0].append(len(self.calls))
-        self.calls.append((function, snap, named, {}, [], setup, module))
+        self.calls.append((function, snap, named, {}, [], setup, module, rows_cut))
+        if rows_cut:  # what the whole call wrote and returned is not what the cut one would
+            self._cut.add(len(self.calls) - 1)
         return len(self.calls) - 1
 
     def returned(self, index: int, result) -> None:
@@ -94,6 +107,8 @@ class _Log:
         import torch
         from torch.utils._pytree import tree_leaves
 
+        if index in self._cut:
+            return
         self.calls[index][4][:] = [
             [list(t.shape), str(t.dtype).removeprefix("torch.")]
             for t in tree_leaves(result)
@@ -106,6 +121,8 @@ class _Log:
         tensors it is passed (SparseConvNet's batch norm) hands them to its backward so."""
         import torch
 
+        if index in self._cut:
+            return
         before, after = self.calls[index][1], self.calls[index][3]
         for k, (was, now) in enumerate(zip(before, args, strict=False)):
             if not isinstance(now, torch.Tensor) or not isinstance(was, torch.Tensor):
@@ -145,6 +162,24 @@ class _Log:
         if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
             return False
         return not any(getattr(v, "numel", int)() > MAX_REF_ELEMENTS for v in values)
+
+    def _add_cut_ref(self, where: tuple, fn, args: tuple, kwargs: dict) -> None:
+        """A possible reference called on tensors too large to keep: its call on their first
+        rows (record_rows), run again for the result it gives on them."""
+        import torch
+
+        if self.paused or self._paired.get(where, 0) >= MAX_REF_CALLS:
+            return
+        small = cut_call(args, kwargs, MAX_REF_ELEMENTS)
+        if small is None:
+            return
+        args, kwargs, _ = small
+        snap_args = [_snapshot(a) for a in args]
+        snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
+        arrays = _numpy(list(args), kwargs)
+        with torch.no_grad():
+            result = fn(*args, **kwargs)
+        self.add_ref(where, snap_args, snap_kwargs, result, arrays)
 
     def add_ref(self, where: tuple, args: list, kwargs: dict, result, arrays=()) -> None:
         out = _snapshot_result(result)
@@ -225,7 +260,10 @@ class _Log:
             @functools.wraps(fn)
             def recorded(*args, **kwargs):
                 if not self.wants_ref((file, name), [*args, *kwargs.values()]):
-                    return fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
+                    with contextlib.suppress(Exception):  # the test's own run comes first
+                        self._add_cut_ref((file, name), fn, args, kwargs)
+                    return result
                 snap_args = [_snapshot(a) for a in args]
                 snap_kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
                 arrays = _numpy(list(args), kwargs)

@@ -37,7 +37,7 @@ The calls are written with `torch.save`.
 Usage (what `inputs.record_repo_calls` runs): python recorder.py REPO TEST_FILE OUT.pt [BUILT.json]
 (BUILT.json: the repository's extensions kminer built for the CPU, which run behind the log)
 It imports only the standard library, torch, pytest and its siblings (record_log.py,
-record_objects.py, pretend_cuda.py, the same way): it also runs on the GPU box.
+record_objects.py, record_rows.py, pretend_cuda.py, the same way): it also runs on the GPU box.
 """
 
 from __future__ import annotations
