@@ -104,7 +104,8 @@ def _too_big(recorded, names: list[str], calls: list) -> str:
     """Why the tests' calls of the op are missing when the recorder dropped them for their
     size (a test at production size: Swin's window ops take 192 x 56 x 56 x 96), first in a
     detail that the rest would otherwise cut off; "" when it kept some or dropped none."""
-    largest = max((recorded.too_big.get(n, 0) for n in names), default=0)
+    too_big = getattr(recorded, "too_big", {})  # (a plain dict of calls: none dropped)
+    largest = max((too_big.get(n, 0) for n in names), default=0)
     if calls or not largest:
         return ""
     return (
